@@ -1,0 +1,89 @@
+"""Turning user arrays into checked flat element buffers, before any element is touched.
+
+A configuration's strides address each tensor's element buffer from its first element, so an
+array qualifies if it is C- or F-contiguous, has the configuration's dtype and holds at least
+the elements the strides reach. The output must be writable and must not overlap an input.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from teir.errors import ExecutionError
+from teir.ir import Config, PrimMain, Tensor
+
+
+def _purpose(config: Config, tensor: Tensor) -> str:
+    main = config.prim_main
+    if tensor is Tensor.OUT:
+        return "the output"
+    if main is PrimMain.NONE:
+        return "not read (prim_main None)"
+    if tensor is Tensor.IN1 and not main.is_contraction:
+        return f"not read ({main.value} is unary)"
+    return f"read by {main.value}"
+
+
+def flat_buffer(config: Config, tensor: Tensor, array: Any) -> np.ndarray | None:
+    """The 1-D element buffer of ``array`` for ``tensor``, or ``None`` for an unused tensor.
+
+    Raises :class:`teir.ExecutionError` naming the tensor, what was needed and what was given.
+    """
+    name = tensor.label
+    needed = config.extent(tensor)
+    if needed == 0:
+        return None
+    if array is None:
+        raise ExecutionError(
+            f"{name} is {_purpose(config, tensor)} and needs an array of {needed} "
+            f"{config.data_type.value} elements, but None was given"
+        )
+    if not isinstance(array, np.ndarray):
+        raise ExecutionError(
+            f"{name} must be a NumPy array of {config.dtype.name}, got {type(array).__name__}; "
+            f"convert it with np.asarray(..., dtype=np.{config.dtype.name})"
+        )
+    if array.dtype != config.dtype:
+        raise ExecutionError(
+            f"{name} has dtype {array.dtype} but the configuration's data type "
+            f"{config.data_type.value} needs {config.dtype.name}; "
+            + ("convert it with .astype(np." + config.dtype.name + ")" if tensor is not Tensor.OUT
+               else "allocate the output with that dtype")
+        )
+    if not (array.flags.c_contiguous or array.flags.f_contiguous):
+        raise ExecutionError(
+            f"{name} is not contiguous (strides {array.strides} bytes); the configuration's strides "
+            "address a contiguous element buffer: "
+            + ("pass np.ascontiguousarray(" + name + ")" if tensor is not Tensor.OUT
+               else "pass a contiguous output and copy the result into the view afterwards")
+        )
+    if array.size < needed:
+        raise ExecutionError(
+            f"{name} holds {array.size} elements (shape {array.shape}), but the configuration's "
+            f"strides reach {needed} elements; pass an array with at least {needed} elements"
+        )
+    if tensor is Tensor.OUT and not array.flags.writeable:
+        raise ExecutionError("out is read-only; pass a writable array for the output")
+    flat = array.reshape(-1, order="A")
+    if flat.ctypes.data != array.ctypes.data:  # pragma: no cover - contiguous reshape is a view
+        raise ExecutionError(f"{name} could not be viewed as a flat buffer")
+    return flat
+
+
+def checked_buffers(
+    config: Config, in0: Any, in1: Any, out: Any
+) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray]:
+    """Check all three arguments and return their flat buffers (``None`` for unused inputs)."""
+    buf0 = flat_buffer(config, Tensor.IN0, in0)
+    buf1 = flat_buffer(config, Tensor.IN1, in1)
+    buf_out = flat_buffer(config, Tensor.OUT, out)
+    assert buf_out is not None  # out is always used
+    for tensor, buf in ((Tensor.IN0, buf0), (Tensor.IN1, buf1)):
+        if buf is not None and np.shares_memory(buf_out, buf):
+            raise ExecutionError(
+                f"out overlaps {tensor.label} in memory; the operation writes out while it reads "
+                f"{tensor.label}: pass a separate output array (or a copy of {tensor.label})"
+            )
+    return buf0, buf1, buf_out

@@ -1,0 +1,1 @@
+"""The ``teir`` command line: validate, run and explain TEIR configurations."""

@@ -1,0 +1,21 @@
+"""The TEIR records, their enums, and their JSON form."""
+
+from teir.ir.enums import DataType, DimType, ExecType, PrimFirst, PrimLast, PrimMain, Tensor
+from teir.ir.files import load, load_all, save
+from teir.ir.records import Config, Primitives, Schedule
+
+__all__ = [
+    "Config",
+    "DataType",
+    "DimType",
+    "ExecType",
+    "PrimFirst",
+    "PrimLast",
+    "PrimMain",
+    "Primitives",
+    "Schedule",
+    "Tensor",
+    "load",
+    "load_all",
+    "save",
+]
