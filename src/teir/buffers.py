@@ -34,6 +34,11 @@ def flat_buffer(config: Config, tensor: Tensor, array: Any) -> np.ndarray | None
     name = tensor.label
     needed = config.extent(tensor)
     if needed == 0:
+        if array is not None and not isinstance(array, np.ndarray):
+            raise ExecutionError(
+                f"{name} is {_purpose(config, tensor)}: pass None (or an array, which is "
+                f"ignored), not {type(array).__name__}"
+            )
         return None
     if array is None:
         raise ExecutionError(
@@ -49,15 +54,21 @@ def flat_buffer(config: Config, tensor: Tensor, array: Any) -> np.ndarray | None
         raise ExecutionError(
             f"{name} has dtype {array.dtype} but the configuration's data type "
             f"{config.data_type.value} needs {config.dtype.name}; "
-            + ("convert it with .astype(np." + config.dtype.name + ")" if tensor is not Tensor.OUT
-               else "allocate the output with that dtype")
+            + (
+                "convert it with .astype(np." + config.dtype.name + ")"
+                if tensor is not Tensor.OUT
+                else "allocate the output with that dtype"
+            )
         )
     if not (array.flags.c_contiguous or array.flags.f_contiguous):
         raise ExecutionError(
-            f"{name} is not contiguous (strides {array.strides} bytes); the configuration's strides "
-            "address a contiguous element buffer: "
-            + ("pass np.ascontiguousarray(" + name + ")" if tensor is not Tensor.OUT
-               else "pass a contiguous output and copy the result into the view afterwards")
+            f"{name} is not contiguous (strides {array.strides} bytes); the configuration's "
+            "strides address a contiguous element buffer: "
+            + (
+                "pass np.ascontiguousarray(" + name + ")"
+                if tensor is not Tensor.OUT
+                else "pass a contiguous output and copy the result into the view afterwards"
+            )
         )
     if array.size < needed:
         raise ExecutionError(

@@ -33,7 +33,16 @@ from typing import Any, TypeVar
 import numpy as np
 
 from teir.errors import Violation
-from teir.ir.enums import DataType, DimType, ExecType, PrimFirst, PrimLast, PrimMain, TeirEnum, Tensor
+from teir.ir.enums import (
+    DataType,
+    DimType,
+    ExecType,
+    PrimFirst,
+    PrimLast,
+    PrimMain,
+    TeirEnum,
+    Tensor,
+)
 
 RULES: dict[str, str] = {
     "json": "a configuration file holds valid JSON text",
@@ -88,14 +97,20 @@ def parse_enum(
     if isinstance(value, str):
         out.append(
             Violation(
-                field, axis, "enum", f"unknown value {_show(value)}",
+                field,
+                axis,
+                "enum",
+                f"unknown value {_show(value)}",
                 f"use one of {cls.spellings()} (case does not matter)",
             )
         )
     else:
         out.append(
             Violation(
-                field, axis, "type", f"expected a string, got {type(value).__name__} {_show(value)}",
+                field,
+                axis,
+                "type",
+                f"expected a string, got {type(value).__name__} {_show(value)}",
                 f"use one of {cls.spellings()} as a string",
             )
         )
@@ -126,14 +141,19 @@ def _as_vector(field: str, value: Any, out: list[Violation]) -> list[Any] | None
     kind = "None" if value is None else type(value).__name__
     out.append(
         Violation(
-            field, None, "type", f"expected a list with one entry per axis, got {kind} {_show(value)}",
+            field,
+            None,
+            "type",
+            f"expected a list with one entry per axis, got {kind} {_show(value)}",
             f"write {field} as a list, e.g. [...] with D entries",
         )
     )
     return None
 
 
-def _parse_count(field: str, axis: int, value: Any, minimum: int, out: list[Violation]) -> int | None:
+def _parse_count(
+    field: str, axis: int, value: Any, minimum: int, out: list[Violation]
+) -> int | None:
     rule = "size>=1" if minimum == 1 else "stride>=0"
     noun = "a dim size" if minimum == 1 else "a stride"
     if not is_integer(value):
@@ -141,20 +161,36 @@ def _parse_count(field: str, axis: int, value: Any, minimum: int, out: list[Viol
         if isinstance(value, float) and value.is_integer():
             hint = f"write {int(value)} without a fractional part"
         out.append(
-            Violation(field, axis, rule, f"{noun} must be an integer, got {type(value).__name__} "
-                      f"{_show(value)}", hint)
+            Violation(
+                field,
+                axis,
+                rule,
+                f"{noun} must be an integer, got {type(value).__name__} {_show(value)}",
+                hint,
+            )
         )
         return None
     number = int(value)
     if number < minimum:
-        hint = "every axis needs at least one index" if minimum == 1 else (
-            "strides are non-negative element counts; address the tensor from its first element"
+        hint = (
+            "every axis needs at least one index"
+            if minimum == 1
+            else (
+                "strides are non-negative element counts; address the tensor from its first element"
+            )
         )
         out.append(Violation(field, axis, rule, f"{noun} must be >= {minimum}, got {number}", hint))
         return None
     if number > INT64_MAX:
-        out.append(Violation(field, axis, "int64", f"{number} does not fit in 64 bits",
-                             "use sizes and strides below 2**63"))
+        out.append(
+            Violation(
+                field,
+                axis,
+                "int64",
+                f"{number} does not fit in 64 bits",
+                "use sizes and strides below 2**63",
+            )
+        )
         return None
     return number
 
@@ -183,8 +219,12 @@ def check_schedule(
     part) and that extents fit in 64 bits.
     """
     found: list[Violation] = []
-    raw = dict(zip(SCHEDULE_VECTORS, (dim_types, exec_types, dim_sizes, strides_in0,
-                                      strides_in1, strides_out)))
+    raw = dict(
+        zip(
+            SCHEDULE_VECTORS,
+            (dim_types, exec_types, dim_sizes, strides_in0, strides_in1, strides_out),
+        )
+    )
     vectors = {name: _as_vector(name, value, found) for name, value in raw.items()}
     lengths = {name: len(v) for name, v in vectors.items() if v is not None}
     if not lengths:
@@ -192,14 +232,25 @@ def check_schedule(
     # D is the number of dim_types (the spec's first equation) when that vector is readable.
     d = lengths.get("dim_types", max(set(lengths.values()), key=list(lengths.values()).count))
     if d == 0:
-        found.append(Violation("dim_types", None, "D>=1", "the schedule has no axes",
-                               "give at least one axis in every schedule vector"))
+        found.append(
+            Violation(
+                "dim_types",
+                None,
+                "D>=1",
+                "the schedule has no axes",
+                "give at least one axis in every schedule vector",
+            )
+        )
     for name, length in lengths.items():
         if length != d:
             found.append(
-                Violation(name, None, "length", f"has {length} entries but D = {d} "
-                          f"(the length of dim_types)",
-                          f"give {name} exactly one entry per axis ({d})")
+                Violation(
+                    name,
+                    None,
+                    "length",
+                    f"has {length} entries but D = {d} (the length of dim_types)",
+                    f"give {name} exactly one entry per axis ({d})",
+                )
             )
 
     typed: dict[str, list[Any]] = {}
@@ -238,7 +289,9 @@ def _check_participation(typed: dict[str, list[Any]], out: list[Violation]) -> N
             if not dim_type.roles[tensor.value]:
                 out.append(
                     Violation(
-                        tensor.strides_field, axis, "stride-zero",
+                        tensor.strides_field,
+                        axis,
+                        "stride-zero",
                         f"{tensor.label} does not take part in axis {axis} of type "
                         f"{dim_type.value}, but its stride there is {stride}",
                         f"set {tensor.strides_field}[{axis}] to 0, or change dim_types[{axis}] "
@@ -253,25 +306,61 @@ def _check_int64(fields: ScheduleFields, out: list[Violation]) -> None:
     for size in sizes:
         iterations *= size
     if iterations > INT64_MAX:
-        out.append(Violation("dim_sizes", None, "int64", f"the axes span {iterations} index "
-                             "combinations, more than fit in 64 bits", "use smaller dim sizes"))
+        out.append(
+            Violation(
+                "dim_sizes",
+                None,
+                "int64",
+                f"the axes span {iterations} index combinations, more than fit in 64 bits",
+                "use smaller dim sizes",
+            )
+        )
     for tensor in Tensor:
-        strides = fields[3 + tensor.value]
+        strides: tuple[int, ...] = fields[3 + tensor.value]  # type: ignore[assignment]
         extent = 1 + sum((size - 1) * stride for size, stride in zip(sizes, strides))
         if extent * 8 > INT64_MAX:
-            out.append(Violation(tensor.strides_field, None, "int64",
-                                 f"{tensor.label} spans {extent} elements, more than a 64-bit "
-                                 "address space holds", "use smaller sizes or strides"))
+            out.append(
+                Violation(
+                    tensor.strides_field,
+                    None,
+                    "int64",
+                    f"{tensor.label} spans {extent} elements, more than a 64-bit "
+                    "address space holds",
+                    "use smaller sizes or strides",
+                )
+            )
 
 
 def check_config(
-    primitives: tuple[DataType, PrimFirst, PrimMain, PrimLast], schedule: ScheduleFields
+    primitives: tuple[DataType, PrimFirst, PrimMain, PrimLast], dim_types: Any, exec_types: Any
 ) -> list[Violation]:
-    """The rules that relate primitives and schedule: R1, R2, R3 and the unary rules."""
+    """The rules that relate primitives and schedule: R1, R2, R3 and the unary rules.
+
+    ``dim_types`` and ``exec_types`` may be raw values: the rules are checked whenever both
+    parse and have equal lengths (so they are reported next to unrelated stride violations),
+    and skipped otherwise (their own violations are reported by :func:`check_schedule`).
+    """
+    if isinstance(dim_types, np.ndarray):
+        dim_types = dim_types.tolist()
+    if isinstance(exec_types, np.ndarray):
+        exec_types = exec_types.tolist()
+    if not all(isinstance(v, (list, tuple)) for v in (dim_types, exec_types)):
+        return []
+    dim_types = [DimType.parse(v) for v in dim_types]
+    exec_types = [ExecType.parse(v) for v in exec_types]
+    if not dim_types or len(dim_types) != len(exec_types):
+        return []  # D >= 1 and length violations say what is wrong
+    if None in dim_types or None in exec_types:
+        return []
     _, first, main, last = primitives
-    dim_types, exec_types = schedule[0], schedule[1]
-    prim = {t: [i for i, (dt, et) in enumerate(zip(dim_types, exec_types))
-                if et is ExecType.PRIM and dt is t] for t in DimType}
+    prim = {
+        t: [
+            i
+            for i, (dt, et) in enumerate(zip(dim_types, exec_types))
+            if et is ExecType.PRIM and dt is t
+        ]
+        for t in DimType
+    }
     found: list[Violation] = []
 
     def listing() -> str:
@@ -284,7 +373,9 @@ def check_config(
         users += [f"prim_last {last.value}"] if last is not PrimLast.NONE else []
         found.append(
             Violation(
-                "exec_types", None, "R1",
+                "exec_types",
+                None,
+                "R1",
                 f"{' and '.join(users)} {'needs' if len(users) == 1 else 'need'} an output "
                 f"tile, but no axis of type C, M or N is prim (prim axes: {listing()})",
                 "mark at least one C, M or N axis as prim",
@@ -294,18 +385,30 @@ def check_config(
     expected = {PrimMain.GEMM: ("R2", 1), PrimMain.BRGEMM: ("R3", 2)}
     if main in expected:
         rule, k_count = expected[main]
-        counts = (len(prim[DimType.C]), len(prim[DimType.M]), len(prim[DimType.N]),
-                  len(prim[DimType.K]))
+        counts = (
+            len(prim[DimType.C]),
+            len(prim[DimType.M]),
+            len(prim[DimType.N]),
+            len(prim[DimType.K]),
+        )
         if counts != (0, 1, 1, k_count):
-            k_text = "one prim K axis" if k_count == 1 else (
-                "two prim K axes (the batch-reduce axis first, then the GEMM K axis)")
+            k_text = (
+                "one prim K axis"
+                if k_count == 1
+                else ("two prim K axes (the batch-reduce axis first, then the GEMM K axis)")
+            )
             alternative = ""
             if counts[:3] == (0, 1, 1) and counts[3] in (1, 2):
-                alternative = ("; two prim K axes make a BRGEMM" if counts[3] == 2
-                               else "; one prim K axis makes a GEMM")
+                alternative = (
+                    "; two prim K axes make a BRGEMM"
+                    if counts[3] == 2
+                    else "; one prim K axis makes a GEMM"
+                )
             found.append(
                 Violation(
-                    "exec_types", None, rule,
+                    "exec_types",
+                    None,
+                    rule,
                     f"{main.value} needs exactly one prim M axis, one prim N axis, {k_text} and "
                     f"no prim C axis; the prim axes are {listing()}",
                     f"set exec_types so that exactly these axes are prim, the others seq or "
@@ -318,11 +421,16 @@ def check_config(
             if dim_type in (DimType.N, DimType.K):
                 found.append(
                     Violation(
-                        "dim_types", axis, "unary",
+                        "dim_types",
+                        axis,
+                        "unary",
                         f"prim_main {main.value} is unary (in0 -> out, no in1), but axis {axis} "
                         f"has type {dim_type.value}, which "
-                        + ("only in1 and out take part in" if dim_type is DimType.N
-                           else "is summed over in in0 and in1"),
+                        + (
+                            "only in1 and out take part in"
+                            if dim_type is DimType.N
+                            else "is summed over in in0 and in1"
+                        ),
                         "give every axis of a unary operation type C or M",
                     )
                 )

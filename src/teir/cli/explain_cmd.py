@@ -12,10 +12,11 @@ from teir.ir import load
 
 def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
-        "explain", help="print a configuration as a loop nest",
+        "explain",
+        help="print a configuration as a loop nest",
         description="Print the configuration as a loop nest in readable pseudo-code: loops with "
-                    "their sizes and exec types, tile offsets, shapes and strides, and where the "
-                    "first and last primitives run.",
+        "their sizes and exec types, tile offsets, shapes and strides, and where the "
+        "first and last primitives run.",
     )
     parser.add_argument("file", metavar="FILE", help="JSON configuration file")
     parser.set_defaults(handler=run)

@@ -23,20 +23,38 @@ BACKENDS: dict[str, Executor] = {"reference": reference.execute}
 
 def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
-        "run", help="execute a configuration on random data and time it",
+        "run",
+        help="execute a configuration on random data and time it",
         description="Allocate inputs of the needed size with seeded random values, execute the "
-                    "configuration and print its time and GFLOP/s. With --check the result is "
-                    "compared with an independent np.einsum evaluation.",
+        "configuration and print its time and GFLOP/s. With --check the result is "
+        "compared with an independent np.einsum evaluation.",
     )
     parser.add_argument("file", metavar="FILE", help="JSON configuration file")
-    parser.add_argument("--backend", choices=sorted(BACKENDS), default="reference",
-                        help="executor to use (default: %(default)s)")
-    parser.add_argument("--repeat", type=_positive, default=3, metavar="N",
-                        help="number of timed executions (default: %(default)s)")
-    parser.add_argument("--check", action="store_true",
-                        help="compare the result with an np.einsum evaluation; exit 1 on mismatch")
-    parser.add_argument("--seed", type=int, default=0, metavar="S",
-                        help="seed of the random inputs (default: %(default)s)")
+    parser.add_argument(
+        "--backend",
+        choices=sorted(BACKENDS),
+        default="reference",
+        help="executor to use (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=_positive,
+        default=3,
+        metavar="N",
+        help="number of timed executions (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="compare the result with an np.einsum evaluation; exit 1 on mismatch",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        metavar="S",
+        help="seed of the random inputs (default: %(default)s)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(handler=run)
 
@@ -92,8 +110,12 @@ def run(args: argparse.Namespace) -> int:
     if expected is not None:
         comparison = reference.compare(config, out_init, out, expected)
         ok = comparison.ok
-        report["check"] = {"ok": comparison.ok, "max_error": comparison.max_error,
-                           "message": comparison.message, "einsum_seconds": einsum_seconds}
+        report["check"] = {
+            "ok": comparison.ok,
+            "max_error": comparison.max_error,
+            "message": comparison.message,
+            "einsum_seconds": einsum_seconds,
+        }
     if args.json:
         print(json.dumps(report, indent=1))
     else:
@@ -107,11 +129,15 @@ def run(args: argparse.Namespace) -> int:
 def _print_text(report: dict[str, Any]) -> None:
     gflops = report["gflops"]
     speed = f", {gflops:.2f} GFLOP/s" if gflops is not None else ""
-    print(f"{report['name']} ({report['data_type']}, backend {report['backend']}): "
-          f"best {report['best_seconds'] * 1e3:.3f} ms, median "
-          f"{report['median_seconds'] * 1e3:.3f} ms over {report['repeat']} runs{speed}")
+    print(
+        f"{report['name']} ({report['data_type']}, backend {report['backend']}): "
+        f"best {report['best_seconds'] * 1e3:.3f} ms, median "
+        f"{report['median_seconds'] * 1e3:.3f} ms over {report['repeat']} runs{speed}"
+    )
     if "check" in report:
         check = report["check"]
         verdict = "OK" if check["ok"] else "MISMATCH"
-        print(f"check against np.einsum: {verdict}: {check['message']} "
-              f"(np.einsum evaluation took {check['einsum_seconds'] * 1e3:.3f} ms)")
+        print(
+            f"check against np.einsum: {verdict}: {check['message']} "
+            f"(np.einsum evaluation took {check['einsum_seconds'] * 1e3:.3f} ms)"
+        )

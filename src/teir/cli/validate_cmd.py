@@ -11,9 +11,10 @@ from teir.ir import load_all
 
 def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
-        "validate", help="check configuration files against every TEIR rule",
+        "validate",
+        help="check configuration files against every TEIR rule",
         description="Check JSON configuration files (one configuration, or a list of them, per "
-                    "file). Prints OK or every violation; exit status 1 if any file is invalid.",
+        "file). Prints OK or every violation; exit status 1 if any file is invalid.",
     )
     parser.add_argument("files", nargs="+", metavar="FILE", help="JSON configuration file")
     parser.set_defaults(handler=run)

@@ -26,9 +26,18 @@ def load(path: PathLike) -> Config:
     source = os.fspath(path)
     data = _read(path)
     if isinstance(data, list):
-        raise ValidationError([Violation(
-            "json", None, "type", f"holds a list of {len(data)} entries, not one configuration",
-            "use teir.load_all for files with a list of configurations")], source)
+        raise ValidationError(
+            [
+                Violation(
+                    "json",
+                    None,
+                    "type",
+                    f"holds a list of {len(data)} entries, not one configuration",
+                    "use teir.load_all for files with a list of configurations",
+                )
+            ],
+            source,
+        )
     return Config.from_dict(data, source=source)
 
 
@@ -48,8 +57,10 @@ def load_all(path: PathLike) -> list[Config]:
         try:
             configs.append(Config.from_dict(entry))
         except ValidationError as error:
-            found += [Violation(f"[{index}].{v.field}", v.axis, v.rule, v.message, v.hint)
-                      for v in error.violations]
+            found += [
+                Violation(f"[{index}].{v.field}", v.axis, v.rule, v.message, v.hint)
+                for v in error.violations
+            ]
     if found:
         raise ValidationError(found, source)
     return configs

@@ -54,8 +54,9 @@ def out_tiles_distinct(schedule: Schedule) -> bool | None:
     indices, so its first (last) access is where all K loop indices are 0 (maximal).
     """
     axes = [a for a in schedule.loop_axes if schedule.dim_types[a] is not DimType.K]
-    return is_injective([schedule.dim_sizes[a] for a in axes],
-                        [schedule.strides_out[a] for a in axes])
+    return is_injective(
+        [schedule.dim_sizes[a] for a in axes], [schedule.strides_out[a] for a in axes]
+    )
 
 
 def tensor_axes(schedule: Schedule, tensor: Tensor) -> tuple[int, ...]:

@@ -18,7 +18,6 @@ from teir.ir.enums import DataType, DimType, ExecType, PrimFirst, PrimLast, Prim
 from teir.validate import (
     PRIMITIVE_FIELDS,
     SCHEDULE_VECTORS,
-    ScheduleFields,
     check_config,
     check_primitives,
     check_schedule,
@@ -43,8 +42,9 @@ class Primitives:
     prim_last: PrimLast = PrimLast.NONE
 
     def __post_init__(self) -> None:
-        values, found = check_primitives(self.data_type, self.prim_first, self.prim_main,
-                                         self.prim_last)
+        values, found = check_primitives(
+            self.data_type, self.prim_first, self.prim_main, self.prim_last
+        )
         if values is None:
             raise ValidationError(found)
         for name, value in zip(PRIMITIVE_FIELDS, values):
@@ -98,7 +98,8 @@ class Schedule:
     def axes_of(self, dim_type: DimType, exec_type: ExecType | None = None) -> tuple[int, ...]:
         """Indices of the axes of ``dim_type`` (and ``exec_type`` if given), in listed order."""
         return tuple(
-            i for i, (t, e) in enumerate(zip(self.dim_types, self.exec_types))
+            i
+            for i, (t, e) in enumerate(zip(self.dim_types, self.exec_types))
             if t is dim_type and (exec_type is None or e is exec_type)
         )
 
@@ -136,12 +137,21 @@ class Config:
     ) -> None:
         if primitives is not None or schedule is not None:
             if flat or not isinstance(primitives, Primitives) or not isinstance(schedule, Schedule):
-                raise ValidationError([Violation(
-                    "Config", None, "type",
-                    "give either a Primitives and a Schedule record, or the flat fields",
-                    "call Config(primitives, schedule) or Config(data_type=..., dim_types=..., ...)",
-                )])
-            found = check_config(_primitive_values(primitives), _schedule_values(schedule))
+                raise ValidationError(
+                    [
+                        Violation(
+                            "Config",
+                            None,
+                            "type",
+                            "give either a Primitives and a Schedule record, or the flat fields",
+                            "call Config(primitives, schedule) or "
+                            "Config(data_type=..., dim_types=..., ...)",
+                        )
+                    ]
+                )
+            found = check_config(
+                _primitive_values(primitives), schedule.dim_types, schedule.exec_types
+            )
             if found:
                 raise ValidationError(found)
         else:
@@ -241,8 +251,10 @@ class Config:
         """The flat fields with the spec's names and spellings (JSON-ready)."""
         out: dict[str, Any] = {name: getattr(self, name).value for name in PRIMITIVE_FIELDS}
         for name in SCHEDULE_VECTORS:
-            out[name] = [v.value if isinstance(v, DimType | ExecType) else v
-                         for v in getattr(self.schedule, name)]
+            out[name] = [
+                v.value if isinstance(v, DimType | ExecType) else v
+                for v in getattr(self.schedule, name)
+            ]
         return out
 
     @classmethod
@@ -252,15 +264,30 @@ class Config:
         Keys starting with ``_`` and unknown keys (``name``, ``flops``, ...) are ignored.
         """
         if not isinstance(data, Mapping):
-            raise ValidationError([Violation(
-                "Config", None, "type",
-                f"expected an object with the fields of a configuration, got {type(data).__name__}",
-                "write the configuration as a JSON object {\"data_type\": ..., \"dim_types\": ...}",
-            )], source)
+            raise ValidationError(
+                [
+                    Violation(
+                        "Config",
+                        None,
+                        "type",
+                        "expected an object with the fields of a configuration, got "
+                        f"{type(data).__name__}",
+                        "write the configuration as a JSON object "
+                        '{"data_type": ..., "dim_types": ...}',
+                    )
+                ],
+                source,
+            )
         fields = {k: v for k, v in data.items() if k in FIELDS}
         try:
-            return cls(**fields, _unknown=[k for k in data if isinstance(k, str)
-                                           and k not in FIELDS and not k.startswith("_")])
+            return cls(
+                **fields,
+                _unknown=[
+                    k
+                    for k in data
+                    if isinstance(k, str) and k not in FIELDS and not k.startswith("_")
+                ],
+            )
         except ValidationError as error:
             if source is None:
                 raise
@@ -279,17 +306,28 @@ class Config:
         """A new, validated configuration with some flat fields changed."""
         unknown = sorted(set(changes) - set(FIELDS))
         if unknown:
-            raise ValidationError([Violation(
-                name, None, "type", "is not a field of a configuration",
-                f"use one of {', '.join(FIELDS)}") for name in unknown])
+            raise ValidationError(
+                [
+                    Violation(
+                        name,
+                        None,
+                        "type",
+                        "is not a field of a configuration",
+                        f"use one of {', '.join(FIELDS)}",
+                    )
+                    for name in unknown
+                ]
+            )
         fields = {name: getattr(self, name) for name in FIELDS}
         fields.update(changes)
         return Config(**fields)
 
     def __repr__(self) -> str:
         p = self.primitives
-        head = (f"Config({p.data_type.value}: first={p.prim_first.value} "
-                f"main={p.prim_main.value} last={p.prim_last.value})")
+        head = (
+            f"Config({p.data_type.value}: first={p.prim_first.value} "
+            f"main={p.prim_main.value} last={p.prim_last.value})"
+        )
         return head + "\n" + _table(self.schedule)
 
 
@@ -298,8 +336,10 @@ def parse_json(text: str | bytes, source: str | None = None) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
-        message, hint = f"not valid JSON: {error.msg} at line {error.lineno} column {error.colno}", (
-            "fix the JSON syntax at that position")
+        message, hint = (
+            f"not valid JSON: {error.msg} at line {error.lineno} column {error.colno}",
+            ("fix the JSON syntax at that position"),
+        )
     except UnicodeDecodeError as error:
         message, hint = f"not UTF-8 text ({error.reason})", "save the file as UTF-8 JSON"
     except RecursionError:
@@ -313,32 +353,37 @@ def _primitive_values(p: Primitives) -> tuple[DataType, PrimFirst, PrimMain, Pri
     return (p.data_type, p.prim_first, p.prim_main, p.prim_last)
 
 
-def _schedule_values(s: Schedule) -> ScheduleFields:
-    return (s.dim_types, s.exec_types, s.dim_sizes, s.strides_in0, s.strides_in1, s.strides_out)
-
-
 def _build_flat(flat: dict[str, Any]) -> tuple[Primitives, Schedule]:
     unknown_keys: list[str] = flat.pop("_unknown", [])
     found: list[Violation] = []
     for name in sorted(set(flat) - set(FIELDS)):
         close = difflib.get_close_matches(name, FIELDS, n=1)
-        found.append(Violation(name, None, "type", "is not a field of a configuration",
-                               f"did you mean {close[0]}?" if close else
-                               f"use the fields {', '.join(FIELDS)}"))
+        found.append(
+            Violation(
+                name,
+                None,
+                "type",
+                "is not a field of a configuration",
+                f"did you mean {close[0]}?" if close else f"use the fields {', '.join(FIELDS)}",
+            )
+        )
     values = {name: flat.get(name, DEFAULTS.get(name, _MISSING)) for name in FIELDS}
     for name, value in values.items():
         if value is _MISSING:
             close = difflib.get_close_matches(name, unknown_keys, n=1)
-            hint = (f"the key {close[0]!r} looks like a misspelling of {name!r}" if close
-                    else f"add the field {name}")
+            hint = (
+                f"the key {close[0]!r} looks like a misspelling of {name!r}"
+                if close
+                else f"add the field {name}"
+            )
             found.append(Violation(name, None, "missing", "is missing", hint))
     if found:
         raise ValidationError(found)
     prims, found_p = check_primitives(*(values[n] for n in PRIMITIVE_FIELDS))
     sched, found_s = check_schedule(*(values[n] for n in SCHEDULE_VECTORS))
     found = found_p + found_s
-    if prims is not None and sched is not None:
-        found += check_config(prims, sched)
+    if prims is not None:
+        found += check_config(prims, values["dim_types"], values["exec_types"])
     if found or prims is None or sched is None:
         raise ValidationError(found)
     # The values are checked: build the records without checking them again.
@@ -363,11 +408,16 @@ def _table(s: Schedule) -> str:
     header = ("axis", "type", "exec", "size", "in0", "in1", "out")
     rows = [
         (str(i), t.value, e.value, str(n), str(a), str(b), str(c))
-        for i, (t, e, n, a, b, c) in enumerate(zip(
-            s.dim_types, s.exec_types, s.dim_sizes, s.strides_in0, s.strides_in1, s.strides_out))
+        for i, (t, e, n, a, b, c) in enumerate(
+            zip(s.dim_types, s.exec_types, s.dim_sizes, s.strides_in0, s.strides_in1, s.strides_out)
+        )
     ]
     widths = [max(len(r[k]) for r in [header, *rows]) for k in range(len(header))]
-    lines = ["  ".join(cell.rjust(w) if k in (0, 3, 4, 5, 6) else cell.ljust(w)
-                       for k, (cell, w) in enumerate(zip(row, widths))).rstrip()
-             for row in [header, *rows]]
+    lines = [
+        "  ".join(
+            cell.rjust(w) if k in (0, 3, 4, 5, 6) else cell.ljust(w)
+            for k, (cell, w) in enumerate(zip(row, widths))
+        ).rstrip()
+        for row in [header, *rows]
+    ]
     return "\n".join(lines)

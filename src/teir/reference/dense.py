@@ -53,12 +53,16 @@ def dense_result(config: Config, in0: Any, in1: Any, out: Any) -> DenseResult:
     the per-tile first/last semantics then) or the configuration has more than 52 axes.
     """
     if config.num_dims > MAX_AXES:
-        raise TeirError(f"the einsum evaluation supports at most {MAX_AXES} axes, "
-                        f"the configuration has {config.num_dims}")
+        raise TeirError(
+            f"the einsum evaluation supports at most {MAX_AXES} axes, "
+            f"the configuration has {config.num_dims}"
+        )
     buf0, buf1, buf_out = checked_buffers(config, in0, in1, out)
     positions, out_axes = _gather(config, Tensor.OUT, np.arange(buf_out.size))
     s = config.schedule
-    distinct = is_injective([s.dim_sizes[a] for a in out_axes], [s.strides_out[a] for a in out_axes])
+    distinct = is_injective(
+        [s.dim_sizes[a] for a in out_axes], [s.strides_out[a] for a in out_axes]
+    )
     if distinct is None:
         distinct = all_distinct(positions)
     if not distinct:
@@ -113,8 +117,9 @@ class Comparison:
     message: str
 
 
-def compare(config: Config, out_before: np.ndarray, out_after: np.ndarray,
-            expected: DenseResult) -> Comparison:
+def compare(
+    config: Config, out_before: np.ndarray, out_after: np.ndarray, expected: DenseResult
+) -> Comparison:
     """Compare ``out_after`` with ``expected``; positions not written must be unchanged.
 
     Contractions may differ by rounding: element ``i`` passes if its error is within
@@ -142,13 +147,19 @@ def compare(config: Config, out_before: np.ndarray, out_after: np.ndarray,
             f"{got.reshape(-1)[index]!r}, expected {expected.values.reshape(-1)[index]!r})"
         )
     if changed:
-        problems.append(f"{changed} elements of out that the configuration does not address "
-                        "were changed")
-    return Comparison(not problems, max_error, None if worst is None else
-                      int(expected.positions.reshape(-1)[worst]), changed,
-                      "; ".join(problems) or f"matches np.einsum (max error {max_error:.3g})")
+        problems.append(
+            f"{changed} elements of out that the configuration does not address were changed"
+        )
+    return Comparison(
+        not problems,
+        max_error,
+        None if worst is None else int(expected.positions.reshape(-1)[worst]),
+        changed,
+        "; ".join(problems) or f"matches np.einsum (max error {max_error:.3g})",
+    )
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Elementwise equality that treats NaN as equal to NaN."""
-    return (a == b) | (np.isnan(a) & np.isnan(b))
+    same: np.ndarray = (a == b) | (np.isnan(a) & np.isnan(b))
+    return same

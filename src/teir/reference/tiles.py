@@ -29,7 +29,9 @@ def tile_offsets(schedule: Schedule, tensor: Tensor, axes: tuple[int, ...]) -> n
     for position, axis in enumerate(axes):
         shape = [1] * len(axes)
         shape[position] = sizes[position]
-        offsets = offsets + (np.arange(sizes[position], dtype=np.int64) * strides[axis]).reshape(shape)
+        offsets = offsets + (np.arange(sizes[position], dtype=np.int64) * strides[axis]).reshape(
+            shape
+        )
     return offsets
 
 

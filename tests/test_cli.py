@@ -1,0 +1,144 @@
+"""The command line: validate, run, explain."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers import EXAMPLES
+from teir.cli.main import main
+
+VALID = sorted(EXAMPLES.glob("*.json"))
+INVALID = sorted((EXAMPLES / "invalid").glob("*.json"))
+
+
+def test_validate_ok(capsys):
+    assert main(["validate", *map(str, VALID)]) == 0
+    out = capsys.readouterr().out
+    assert out.count(": OK") == len(VALID)
+
+
+def test_validate_reports_every_violation_per_file(capsys):
+    assert main(["validate", str(VALID[0]), *map(str, INVALID)]) == 1
+    out = capsys.readouterr().out
+    assert f"{VALID[0]}: OK" in out
+    for path in INVALID:
+        assert f"{path}: INVALID" in out
+    assert "[R2]" in out and "[stride-zero]" in out and "[unary]" in out
+
+
+def test_validate_unreadable_file(capsys, tmp_path):
+    assert main(["validate", str(tmp_path / "missing.json")]) == 1
+    assert "UNREADABLE" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["lab3_zero_brgemm_relu", "lab1_gemm", "permute_abcd_dcab"])
+def test_run_check(capsys, name):
+    assert main(["run", str(EXAMPLES / f"{name}.json"), "--check", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "check against np.einsum: OK" in out
+    assert ("GFLOP/s" in out) == (not name.startswith("permute"))
+
+
+def test_run_json(capsys):
+    assert (
+        main(
+            [
+                "run",
+                str(EXAMPLES / "lab2_brgemm.json"),
+                "--json",
+                "--check",
+                "--repeat",
+                "2",
+                "--seed",
+                "7",
+            ]
+        )
+        == 0
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert report["backend"] == "reference"
+    assert report["flops"] == 536870912
+    assert len(report["seconds"]) == 2
+    assert report["check"]["ok"] is True
+    assert report["gflops"] > 0
+
+
+def test_run_check_fails_loudly_on_mismatch(capsys, monkeypatch):
+    from teir.cli import run_cmd
+
+    def wrong(config, in0, in1, out):
+        run_cmd.reference.execute(config, in0, in1, out)
+        out.reshape(-1)[3] += 1.0
+
+    monkeypatch.setitem(run_cmd.BACKENDS, "reference", wrong)
+    assert main(["run", str(EXAMPLES / "lab1_gemm.json"), "--check", "--repeat", "1"]) == 1
+    captured = capsys.readouterr()
+    assert "MISMATCH" in captured.out
+    assert "CHECK FAILED" in captured.err
+
+
+def test_run_invalid_config_is_an_error(capsys):
+    assert main(["run", str(EXAMPLES / "invalid" / "R3.json")]) == 1
+    assert "[R3]" in capsys.readouterr().err
+
+
+def test_run_check_on_aliasing_output_explains(capsys, tmp_path):
+    path = tmp_path / "alias.json"
+    path.write_text(
+        json.dumps(
+            dict(
+                data_type="FP32",
+                prim_main="Copy",
+                dim_types=["C", "C"],
+                exec_types=["seq", "prim"],
+                dim_sizes=[4, 3],
+                strides_in0=[3, 1],
+                strides_in1=[0, 0],
+                strides_out=[0, 1],
+            )
+        )
+    )
+    assert main(["run", str(path)]) == 0
+    assert main(["run", str(path), "--check"]) == 1
+    assert "aliasing" in capsys.readouterr().err
+
+
+def test_run_rejects_bad_repeat():
+    with pytest.raises(SystemExit) as info:
+        main(["run", str(VALID[0]), "--repeat", "0"])
+    assert info.value.code == 2
+
+
+def test_explain(capsys):
+    assert main(["explain", str(EXAMPLES / "lab3_zero_brgemm_relu.json")]) == 0
+    out = capsys.readouterr().out
+    assert "for m0 in range(32):" in out and "for n1 in range(32):" in out
+    assert "Zero(out_tile [m3=32 x n4=32] strides (1, 32))" in out
+    assert "BRGEMM: out_tile[m3,n4] += sum over k2 (batch-reduce, 8)" in out
+    assert "ReLU(out_tile" in out
+
+
+def test_explain_first_and_last_access_under_a_k_loop(capsys, tmp_path):
+    data = json.loads((EXAMPLES / "lab1_gemm.json").read_text())
+    path = tmp_path / "zero_gemm_relu.json"
+    path.write_text(json.dumps(dict(data, prim_first="Zero", prim_last="ReLU")))
+    assert main(["explain", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "for k2 in range(8):" in out
+    assert "first access: when k2 == 0 (out has no aliasing)" in out
+    assert "last access: when k2 == size - 1 (out has no aliasing)" in out
+
+
+def test_console_entry_point_runs():
+    result = subprocess.run(
+        [sys.executable, "-m", "teir", "validate", str(EXAMPLES / "lab1_gemm.json")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert ": OK" in result.stdout
