@@ -288,3 +288,8 @@ def test_unused_inputs_may_be_none_or_an_ignored_array():
     np.testing.assert_array_equal(out, 1)
     with pytest.raises(teir.ExecutionError, match="in1 is not read"):
         reference.execute(cfg, np.ones(12, dtype=np.float32), "x", out)
+
+
+def test_config_argument_must_be_a_config():
+    with pytest.raises(teir.ExecutionError, match="teir.Config"):
+        reference.execute({"prim_main": "GEMM"}, None, None, np.zeros(3))

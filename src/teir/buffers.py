@@ -87,6 +87,11 @@ def checked_buffers(
     config: Config, in0: Any, in1: Any, out: Any
 ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray]:
     """Check all three arguments and return their flat buffers (``None`` for unused inputs)."""
+    if not isinstance(config, Config):
+        raise ExecutionError(
+            f"expected a teir.Config, got {type(config).__name__}; build one with "
+            "teir.Config(...) or teir.load(path)"
+        )
     buf0 = flat_buffer(config, Tensor.IN0, in0)
     buf1 = flat_buffer(config, Tensor.IN1, in1)
     buf_out = flat_buffer(config, Tensor.OUT, out)
