@@ -291,5 +291,5 @@ def test_unused_inputs_may_be_none_or_an_ignored_array():
 
 
 def test_config_argument_must_be_a_config():
-    with pytest.raises(teir.ExecutionError, match="teir.Config"):
+    with pytest.raises(teir.ExecutionError, match=r"teir\.Config"):
         reference.execute({"prim_main": "GEMM"}, None, None, np.zeros(3))
