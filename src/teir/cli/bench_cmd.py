@@ -1,0 +1,36 @@
+"""``teir bench kernels``: benchmarks against the machine probe of the same run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "bench",
+        help="benchmarks with ratios to the machine's measured peak",
+        description="Run a benchmark suite and report each result next to the machine's "
+        "peak, measured in the same run.",
+    )
+    suites = parser.add_subparsers(dest="suite", metavar="SUITE", required=True)
+    kernels = suites.add_parser(
+        "kernels",
+        help="GEMM, BRGEMM and unary kernels against one core's FMA peak and the copy bandwidth",
+    )
+    kernels.add_argument("--dtype", choices=["f32", "f64", "fp32", "fp64"], default="f32")
+    kernels.add_argument("--json", action="store_true", help="print the report as JSON")
+    kernels.add_argument(
+        "--seconds", type=float, default=0.05, help="time per measurement (default: %(default)s)"
+    )
+    kernels.set_defaults(handler=run_kernels)
+
+
+def run_kernels(args: argparse.Namespace) -> int:
+    from teir.bench import kernels
+
+    dtype = {"fp32": "f32", "fp64": "f64"}.get(args.dtype, args.dtype)
+    report = kernels.run(dtype, args.seconds)
+    print(json.dumps(report, indent=1) if args.json else kernels.format_report(report))
+    return 0

@@ -1,0 +1,495 @@
+"""LLVM IR for BRGEMM micro-kernels: ``C (+)= sum_i A_i B_i`` with every size a constant.
+
+Three register-blocked forms, chosen by which operand has unit stride where:
+
+- ``outer`` (A unit stride on M, either B): vectors of C along M held in registers, A loaded
+  as vectors, B broadcast as scalars; one FMA per (vector, column) and k.
+- ``dot`` (A and B unit stride on K): vectors along K, each (m, n) accumulated as a dot
+  product and reduced once at the end.
+- ``mirror`` (A unit stride on K, B unit stride on N): the ``outer`` form of C^T = B^T A^T,
+  vectors along N, written back to the column-major C lane by lane.
+
+The accumulators stay in registers over the whole batch and the K loop (unrolled); M tails use
+masked loads and stores, N tails a block with fewer columns. Batches are processed in chunks so
+the chunk's A_i and B_i stay in cache while all register blocks sweep over it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from teir.codegen.irtext import (
+    FunctionBuilder,
+    Module,
+    mask_constant,
+    scalar_type,
+    type_suffix,
+    vector_type,
+)
+from teir.codegen.specs import BrgemmSpec
+from teir.codegen.target import Target, cache_sizes
+
+K_UNROLL = 4
+
+
+@dataclass(frozen=True)
+class Blocking:
+    """A register block: ``vectors`` vector registers along the vectorized dimension, each of
+    ``lanes`` elements, times ``columns`` of the other dimension; batches in ``chunk`` steps."""
+
+    form: str
+    lanes: int
+    vectors: int
+    columns: int
+    chunk: int
+
+
+def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
+    """The register block for ``spec`` on ``target``."""
+    full_lanes = target.lanes(spec.itemsize)
+    registers = target.vector_registers
+    if spec.trans_a and not spec.trans_b:
+        form = "dot"
+    elif spec.trans_a:
+        form = "mirror"
+    else:
+        form = "outer"
+    if form == "dot":
+        # Small blocks of dot products: rows of A and columns of B feed r*c accumulators.
+        lanes = full_lanes
+        vectors, columns = (4, 4) if registers >= 32 else (3, 3)
+    else:
+        rows, cols = (spec.n, spec.m) if form == "mirror" else (spec.m, spec.n)
+        lanes, vectors, columns = _outer_block(
+            rows, cols, spec.k * spec.batch, full_lanes, registers, _half_width_is_free(target)
+        )
+    # Chunks of the batch whose A_i and B_i fill at most half of L2 stay there while every
+    # register block sweeps them.
+    # The chunk divides the batch, so one loop covers it.
+    per_batch = spec.itemsize * (spec.m * spec.k + spec.k * spec.n)
+    limit = max(1, cache_sizes()["L2"] // 2 // per_batch)
+    chunk = max(d for d in range(1, min(spec.batch, limit) + 1) if spec.batch % d == 0)
+    return Blocking(form, lanes, vectors, columns, chunk)
+
+
+def _half_width_is_free(target: Target) -> bool:
+    """Whether half-width vectors reach the same FLOP rate (AMD Zen 4 and 5 run 512-bit FMAs
+    on two 256-bit pipes)."""
+    return target.cpu.startswith("znver") and target.vector_bits == 512
+
+
+def _outer_block(
+    rows: int, cols: int, depth: int, full_lanes: int, registers: int, half_width_free: bool
+) -> tuple[int, int, int]:
+    """(lanes, vectors, columns) of an outer-product block, by a cost model in cycles.
+
+    Each block does ``depth`` steps of vectors * columns FMAs (padding lanes included), needs
+    at least 8 FMAs in flight to hide their latency, and pays a fixed overhead plus the load
+    and store of its accumulators. Blocks must fit the registers with their operands
+    (accumulators + A vectors + broadcasts), else LLVM spills. Ties go to fewer accumulators.
+    """
+    best: tuple[float, int, int, int, int] | None = None
+    widths = [full_lanes]
+    if full_lanes >= 4:
+        widths.append(full_lanes // 2)
+    for lanes in widths:
+        fma_cost = 1.0 if lanes == full_lanes or not half_width_free else 0.5
+        for vectors in (1, 2, 3, 4):
+            if (vectors - 1) * lanes >= rows:
+                continue
+            for columns in range(2, 17):
+                accumulators = vectors * columns
+                if accumulators > 16 or accumulators + vectors + columns > registers:
+                    continue
+                row_blocks = -(-rows // (vectors * lanes))
+                col_full, col_tail = divmod(cols, columns)
+                cost = 0.0
+                for block_cols, count in ((columns, col_full), (col_tail, 1 if col_tail else 0)):
+                    if count == 0:
+                        continue
+                    fmas = vectors * block_cols
+                    step = max(fmas * fma_cost, (vectors + block_cols) / 2, 8 * fma_cost)
+                    cost += count * row_blocks * (depth * step + 20 + 2 * fmas)
+                key = (cost, accumulators, vectors, lanes, columns)
+                if best is None or key < best:
+                    best = key
+    assert best is not None
+    return best[3], best[2], best[4]
+
+
+class _Emitter:
+    """Writes one BRGEMM kernel function."""
+
+    def __init__(
+        self,
+        spec: BrgemmSpec,
+        blocking: Blocking,
+        module: Module,
+        name: str,
+        linkage: str,
+        attributes: str,
+    ) -> None:
+        self.spec = spec
+        self.b = blocking
+        self.module = module
+        self.t = scalar_type(spec.itemsize)
+        self.vt = vector_type(blocking.lanes, spec.itemsize)
+        suffix = f"v{blocking.lanes}{type_suffix(spec.itemsize)}"
+        self.fma = module.declare(
+            f"fmuladd.{suffix}",
+            f"declare {self.vt} @llvm.fmuladd.{suffix}({self.vt}, {self.vt}, {self.vt})",
+        )
+        self.fma_name = f"@llvm.fmuladd.{suffix}"
+        module.declare(
+            f"masked.load.{suffix}",
+            f"declare {self.vt} @llvm.masked.load.{suffix}.p0(ptr, i32, <{blocking.lanes} x i1>, "
+            f"{self.vt})",
+        )
+        module.declare(
+            f"masked.store.{suffix}",
+            f"declare void @llvm.masked.store.{suffix}.p0({self.vt}, ptr, i32, "
+            f"<{blocking.lanes} x i1>)",
+        )
+        self.suffix = suffix
+        header = (
+            f"define {linkage} void @{name}(ptr noalias readonly %A, ptr noalias readonly "
+            f"%B, ptr noalias %C) nounwind {attributes}"
+        )
+        self.f = FunctionBuilder(module, header)
+
+    # ---- memory helpers -------------------------------------------------------------------
+    def load_vector(self, base: str, offset: str | int, active: int) -> str:
+        f = self.f
+        pointer = f.gep(self.t, base, offset)
+        if active == self.b.lanes:
+            return f.assign(f"load {self.vt}, ptr {pointer}, align {self.spec.itemsize}", "v")
+        mask = mask_constant(self.b.lanes, active)
+        return f.assign(
+            f"call {self.vt} @llvm.masked.load.{self.suffix}.p0(ptr {pointer}, "
+            f"i32 {self.spec.itemsize}, <{self.b.lanes} x i1> {mask}, {self.vt} zeroinitializer)",
+            "v",
+        )
+
+    def store_vector(self, value: str, base: str, offset: str | int, active: int) -> None:
+        f = self.f
+        pointer = f.gep(self.t, base, offset)
+        if active == self.b.lanes:
+            f.emit(f"store {self.vt} {value}, ptr {pointer}, align {self.spec.itemsize}")
+            return
+        mask = mask_constant(self.b.lanes, active)
+        f.emit(
+            f"call void @llvm.masked.store.{self.suffix}.p0({self.vt} {value}, ptr {pointer}, "
+            f"i32 {self.spec.itemsize}, <{self.b.lanes} x i1> {mask})"
+        )
+
+    def broadcast(self, base: str, offset: str | int) -> str:
+        f = self.f
+        pointer = f.gep(self.t, base, offset)
+        scalar = f.assign(f"load {self.t}, ptr {pointer}, align {self.spec.itemsize}", "s")
+        vector = f.assign(f"insertelement {self.vt} poison, {self.t} {scalar}, i64 0", "s")
+        zeros = f"<{self.b.lanes} x i32> zeroinitializer"
+        return f.assign(f"shufflevector {self.vt} {vector}, {self.vt} poison, {zeros}", "s")
+
+    def fmuladd(self, a: str, b: str, c: str) -> str:
+        vt = self.vt
+        return self.f.assign(f"call {vt} {self.fma_name}({vt} {a}, {vt} {b}, {vt} {c})", "acc")
+
+    # ---- structure ------------------------------------------------------------------------
+    def emit(self) -> None:
+        spec, b = self.spec, self.b
+        count = spec.batch // b.chunk  # the chunk divides the batch
+
+        def chunk_body(index: str, _: list[str]) -> list[str]:
+            first = self.f.mul_i64(index, b.chunk)
+            a = self.f.gep(self.t, "%A", self.f.mul_i64(first, spec.stride_a))
+            bb = self.f.gep(self.t, "%B", self.f.mul_i64(first, spec.stride_b))
+            # beta 0 overwrites C in the first chunk only; later chunks accumulate onto it.
+            overwrite: bool | str = spec.beta == 0
+            if overwrite and count > 1:
+                overwrite = self.f.assign(f"icmp eq i64 {index}, 0", "first")
+            self.sweep(a, bb, b.chunk, overwrite)
+            return []
+
+        self.f.loop(count, [], chunk_body, "chunk")
+        self.f.finish()
+
+    def sweep(self, a: str, b: str, batch: int, overwrite: bool | str) -> None:
+        """All register blocks of C for one chunk of the batch."""
+        spec, blk = self.spec, self.b
+        rows_total, cols_total = (spec.n, spec.m) if blk.form == "mirror" else (spec.m, spec.n)
+        if blk.form == "dot":
+            row_step, col_step = blk.vectors, blk.columns
+        else:
+            row_step, col_step = blk.vectors * blk.lanes, blk.columns
+        row_full, row_tail = divmod(rows_total, row_step)
+        col_full, col_tail = divmod(cols_total, col_step)
+        for col_count, cols, col_start in (
+            (col_full, col_step, 0),
+            (1 if col_tail else 0, col_tail, col_full * col_step),
+        ):
+            if not col_count:
+                continue
+
+            def col_body(
+                j: str, _: list[str], cols: int = cols, col_start: int = col_start
+            ) -> list[str]:
+                c0 = self.f.add_i64(col_start, self.f.mul_i64(j, col_step))
+                for row_count, rows, row_start in (
+                    (row_full, row_step, 0),
+                    (1 if row_tail else 0, row_tail, row_full * row_step),
+                ):
+                    if not row_count:
+                        continue
+
+                    def row_body(
+                        i: str, _: list[str], rows: int = rows, row_start: int = row_start
+                    ) -> list[str]:
+                        r0 = self.f.add_i64(row_start, self.f.mul_i64(i, row_step))
+                        self.block(a, b, r0, c0, rows, cols, batch, overwrite)
+                        return []
+
+                    self.f.loop(row_count, [], row_body, "row")
+                return []
+
+            self.f.loop(col_count, [], col_body, "col")
+
+    def block(
+        self,
+        a: str,
+        b: str,
+        r0: str | int,
+        c0: str | int,
+        rows: int,
+        cols: int,
+        batch: int,
+        overwrite: bool | str,
+    ) -> None:
+        if self.b.form == "dot":
+            self.dot_block(a, b, r0, c0, rows, cols, batch, overwrite)
+        else:
+            self.outer_block(a, b, r0, c0, rows, cols, batch, overwrite)
+
+    # ---- the outer-product form (and its mirror) ------------------------------------------
+    def outer_block(
+        self,
+        a: str,
+        b: str,
+        r0: str | int,
+        c0: str | int,
+        rows: int,
+        cols: int,
+        batch: int,
+        overwrite: bool | str,
+    ) -> None:
+        """``rows`` x ``cols`` of C (of C^T in the mirror form) starting at (r0, c0)."""
+        spec, blk, f = self.spec, self.b, self.f
+        mirror = blk.form == "mirror"
+        lanes = blk.lanes
+        vectors = -(-rows // lanes)
+        active = [min(lanes, rows - v * lanes) for v in range(vectors)]
+        # Where the vector operand and the broadcast operand live: element (row, col, k).
+        if mirror:  # vectors along N from B^T (unit stride on N), broadcasts of A (unit K)
+            vec_base, vec_k, bc_base, bc_col, bc_k = b, spec.ldb, a, spec.lda, 1
+        else:
+            vec_base, vec_k, bc_base = a, spec.lda, b
+            bc_col, bc_k = (1, spec.ldb) if spec.trans_b else (spec.ldb, 1)
+        vec_batch = spec.stride_b if mirror else spec.stride_a
+        bc_batch = spec.stride_a if mirror else spec.stride_b
+
+        acc = [
+            self.initial_outer(r0, c0, v, col, active[v], overwrite, mirror)
+            for col in range(cols)
+            for v in range(vectors)
+        ]
+        kinds = [(self.vt, value) for value in acc]
+
+        def step(accs: list[str], vb: str, bb: str, k: str | int) -> list[str]:
+            vec = [
+                self.load_vector(
+                    vb, f.add_i64(f.add_i64(r0, v * lanes), f.mul_i64(k, vec_k)), active[v]
+                )
+                for v in range(vectors)
+            ]
+            out = list(accs)
+            k_offset = f.mul_i64(k, bc_k)
+            for col in range(cols):
+                col_offset = f.mul_i64(f.add_i64(c0, col), bc_col)
+                scalar = self.broadcast(bb, f.add_i64(col_offset, k_offset))
+                for v in range(vectors):
+                    position = col * vectors + v
+                    out[position] = self.fmuladd(vec[v], scalar, out[position])
+            return out
+
+        def batch_body(index: str, accs: list[str]) -> list[str]:
+            vb = f.gep(self.t, vec_base, f.mul_i64(index, vec_batch))
+            bb = f.gep(self.t, bc_base, f.mul_i64(index, bc_batch))
+            return self.k_loop(accs, kinds, lambda accs, k: step(accs, vb, bb, k))
+
+        acc = f.loop(batch, kinds, batch_body, "br")
+        for col in range(cols):
+            for v in range(vectors):
+                self.store_outer(acc[col * vectors + v], r0, c0, v, col, active[v], overwrite)
+
+    def initial_outer(
+        self,
+        r0: str | int,
+        c0: str | int,
+        v: int,
+        col: int,
+        active: int,
+        overwrite: bool | str,
+        mirror: bool,
+    ) -> str:
+        if overwrite is True or mirror:  # the mirror form adds to C when it stores
+            return "zeroinitializer"
+        offset = self.f.add_i64(
+            self.f.add_i64(r0, v * self.b.lanes),
+            self.f.mul_i64(self.f.add_i64(c0, col), self.spec.ldc),
+        )
+        loaded = self.load_vector("%C", offset, active)
+        if overwrite is False:
+            return loaded
+        return self.f.assign(
+            f"select i1 {overwrite}, {self.vt} zeroinitializer, {self.vt} {loaded}", "v"
+        )
+
+    def store_outer(
+        self,
+        value: str,
+        r0: str | int,
+        c0: str | int,
+        v: int,
+        col: int,
+        active: int,
+        overwrite: bool | str,
+    ) -> None:
+        f, spec, lanes = self.f, self.spec, self.b.lanes
+        if self.b.form != "mirror":
+            offset = f.add_i64(f.add_i64(r0, v * lanes), f.mul_i64(f.add_i64(c0, col), spec.ldc))
+            self.store_vector(value, "%C", offset, active)
+            return
+        # Lane l holds C[m = c0 + col, n = r0 + v * lanes + l]: at m + n * ldc.
+        m_offset = f.add_i64(c0, col)
+        for lane in range(active):
+            n_index = f.add_i64(r0, v * lanes + lane)
+            pointer = f.gep(self.t, "%C", f.add_i64(m_offset, f.mul_i64(n_index, spec.ldc)))
+            element = f.assign(f"extractelement {self.vt} {value}, i64 {lane}", "e")
+            self.update_scalar(pointer, element, overwrite)
+
+    def update_scalar(self, pointer: str, element: str, overwrite: bool | str) -> None:
+        """``*pointer = element`` when overwriting, else ``*pointer += element``."""
+        f = self.f
+        align = self.spec.itemsize
+        if overwrite is not True:
+            old = f.assign(f"load {self.t}, ptr {pointer}, align {align}", "s")
+            total = f.assign(f"fadd {self.t} {old}, {element}", "s")
+            element = (
+                total
+                if overwrite is False
+                else f.assign(f"select i1 {overwrite}, {self.t} {element}, {self.t} {total}", "s")
+            )
+        f.emit(f"store {self.t} {element}, ptr {pointer}, align {align}")
+
+    def k_loop(self, accs: list[str], kinds: list[tuple[str, str]], step) -> list[str]:  # type: ignore[no-untyped-def]
+        """Run ``step(accs, k)`` for every k, the loop unrolled ``K_UNROLL`` times."""
+        f = self.f
+        full, rest = divmod(self.spec.k, K_UNROLL)
+        if full:
+
+            def body(index: str, values: list[str]) -> list[str]:
+                base = f.mul_i64(index, K_UNROLL)
+                for u in range(K_UNROLL):
+                    values = step(values, f.add_i64(base, u))
+                return values
+
+            accs = f.loop(full, [(kind, value) for (kind, _), value in zip(kinds, accs)], body, "k")
+        for r in range(rest):
+            accs = step(accs, full * K_UNROLL + r)
+        return accs
+
+    # ---- the dot-product form ------------------------------------------------------------
+    def dot_block(
+        self,
+        a: str,
+        b: str,
+        r0: str | int,
+        c0: str | int,
+        rows: int,
+        cols: int,
+        batch: int,
+        overwrite: bool | str,
+    ) -> None:
+        """C[r0 : r0 + rows, c0 : c0 + cols] from rows of A and columns of B (unit K)."""
+        spec, blk, f = self.spec, self.b, self.f
+        lanes = blk.lanes
+        steps = -(-spec.k // lanes)
+        last_active = spec.k - (steps - 1) * lanes
+        kinds = [(self.vt, "zeroinitializer")] * (rows * cols)
+
+        def batch_body(index: str, accs: list[str]) -> list[str]:
+            ab = f.gep(self.t, a, f.mul_i64(index, spec.stride_a))
+            bb = f.gep(self.t, b, f.mul_i64(index, spec.stride_b))
+
+            def step(values: list[str], s: str | int, active: int) -> list[str]:
+                k = f.mul_i64(s, lanes)
+                av = [
+                    self.load_vector(
+                        ab, f.add_i64(f.mul_i64(f.add_i64(r0, r), spec.lda), k), active
+                    )
+                    for r in range(rows)
+                ]
+                bv = [
+                    self.load_vector(
+                        bb, f.add_i64(f.mul_i64(f.add_i64(c0, c), spec.ldb), k), active
+                    )
+                    for c in range(cols)
+                ]
+                out = list(values)
+                for c in range(cols):
+                    for r in range(rows):
+                        out[c * rows + r] = self.fmuladd(av[r], bv[c], out[c * rows + r])
+                return out
+
+            values = accs
+            if steps > 1:
+                values = f.loop(
+                    steps - 1,
+                    [(self.vt, v) for v in values],
+                    lambda s, vals: step(vals, s, lanes),
+                    "kv",
+                )
+            return step(values, steps - 1, last_active)
+
+        acc = f.loop(batch, kinds, batch_body, "br")
+        reduce = f"llvm.vector.reduce.fadd.{self.suffix}"
+        self.module.declare(reduce, f"declare {self.t} @{reduce}({self.t}, {self.vt})")
+        for c in range(cols):
+            for r in range(rows):
+                total = f.assign(
+                    f"call reassoc {self.t} @{reduce}({self.t} -0.0, "
+                    f"{self.vt} {acc[c * rows + r]})",
+                    "s",
+                )
+                offset = f.add_i64(f.add_i64(r0, r), f.mul_i64(f.add_i64(c0, c), spec.ldc))
+                pointer = f.gep(self.t, "%C", offset)
+                self.update_scalar(pointer, total, overwrite)
+
+
+def brgemm_function(
+    spec: BrgemmSpec,
+    target: Target,
+    module: Module,
+    name: str,
+    linkage: str = "",
+    blocking: Blocking | None = None,
+    attributes: str = "",
+) -> Blocking:
+    """Add the kernel ``void name(ptr A, ptr B, ptr C)`` for ``spec`` to ``module``.
+
+    ``linkage`` ``internal`` lets a loop nest in the same module inline it; ``attributes``
+    are function attributes such as ``noinline``.
+    """
+    blocking = blocking or choose_blocking(spec, target)
+    emitter = _Emitter(spec, blocking, module, name, linkage, attributes)
+    emitter.emit()
+    return blocking

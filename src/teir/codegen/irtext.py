@@ -1,0 +1,149 @@
+"""A small writer of LLVM IR text: SSA names, blocks, counted loops with carried values.
+
+Kernels are written as text because every size, stride and register block is a compile-time
+constant: the IR is short, explicit and fast to produce, and LLVM does the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+
+def scalar_type(itemsize: int) -> str:
+    return "float" if itemsize == 4 else "double"
+
+
+def type_suffix(itemsize: int) -> str:
+    return "f32" if itemsize == 4 else "f64"
+
+
+def vector_type(lanes: int, itemsize: int) -> str:
+    return f"<{lanes} x {scalar_type(itemsize)}>"
+
+
+def mask_constant(lanes: int, active: int) -> str:
+    """A lane mask with the first ``active`` lanes on."""
+    return "<" + ", ".join(f"i1 {1 if i < active else 0}" for i in range(lanes)) + ">"
+
+
+def shuffle_mask(indices: Sequence[int]) -> str:
+    return "<" + ", ".join(f"i32 {i}" for i in indices) + ">"
+
+
+@dataclass
+class Module:
+    """Function definitions plus the intrinsic declarations they use (each once)."""
+
+    declarations: dict[str, str] = field(default_factory=dict)
+    functions: list[str] = field(default_factory=list)
+
+    def declare(self, name: str, text: str) -> str:
+        self.declarations.setdefault(name, text)
+        return name
+
+    def text(self) -> str:
+        return "\n".join([*self.declarations.values(), "", *self.functions]) + "\n"
+
+
+class FunctionBuilder:
+    """Writes one function; ``loop`` emits a counted loop whose body may nest further loops."""
+
+    def __init__(self, module: Module, header: str) -> None:
+        self.module = module
+        self.lines: list[str] = [header + " {", "entry:"]
+        self.block = "entry"
+        self._counter = 0
+
+    # ---- names and lines -------------------------------------------------------------------
+    def tmp(self, hint: str = "t") -> str:
+        self._counter += 1
+        return f"%{hint}{self._counter}"
+
+    def label(self, hint: str) -> str:
+        self._counter += 1
+        return f"{hint}{self._counter}"
+
+    def emit(self, line: str) -> None:
+        self.lines.append("  " + line)
+
+    def assign(self, expression: str, hint: str = "t") -> str:
+        name = self.tmp(hint)
+        self.emit(f"{name} = {expression}")
+        return name
+
+    def start_block(self, label: str) -> None:
+        self.lines.append(f"{label}:")
+        self.block = label
+
+    def finish(self) -> str:
+        self.emit("ret void")
+        self.lines.append("}")
+        text = "\n".join(self.lines)
+        self.module.functions.append(text)
+        return text
+
+    # ---- arithmetic helpers ----------------------------------------------------------------
+    def add_i64(self, a: str | int, b: str | int) -> str | int:
+        """``a + b`` folding constants (returns an int when both are ints)."""
+        if isinstance(a, int) and isinstance(b, int):
+            return a + b
+        if b == 0:
+            return a
+        if a == 0:
+            return b
+        return self.assign(f"add i64 {a}, {b}", "i")
+
+    def mul_i64(self, a: str | int, b: int) -> str | int:
+        if isinstance(a, int):
+            return a * b
+        if b == 1:
+            return a
+        if b == 0:
+            return 0
+        return self.assign(f"mul i64 {a}, {b}", "i")
+
+    def gep(self, element: str, base: str, offset: str | int) -> str:
+        if offset == 0:
+            return base
+        return self.assign(f"getelementptr inbounds {element}, ptr {base}, i64 {offset}", "p")
+
+    # ---- control flow ----------------------------------------------------------------------
+    def loop(
+        self,
+        count: int,
+        carried: Sequence[tuple[str, str]],
+        body: Callable[[str, list[str]], list[str]],
+        hint: str = "l",
+    ) -> list[str]:
+        """A loop over ``i`` in ``range(count)`` (``count >= 1``) carrying values.
+
+        ``carried`` lists (type, initial value); ``body(i, values)`` emits the body and returns
+        the next values. Returns the values after the last iteration. A loop of one iteration
+        is emitted straight-line with ``i = 0``.
+        """
+        if count < 1:
+            raise ValueError("loop count must be >= 1")
+        if count == 1:
+            return body("0", [value for _, value in carried])
+        header = self.label(f"{hint}.body")
+        exit_label = self.label(f"{hint}.exit")
+        before = self.block
+        self.emit(f"br label %{header}")
+        self.start_block(header)
+        phi_at = len(self.lines)
+        index = self.tmp(f"{hint}.i")
+        values = [self.tmp(f"{hint}.v") for _ in carried]
+        results = body(index, values)
+        latch = self.block
+        following = self.assign(f"add nuw nsw i64 {index}, 1", "i")
+        again = self.assign(f"icmp ult i64 {following}, {count}", "c")
+        self.emit(f"br i1 {again}, label %{header}, label %{exit_label}")
+        phis = [f"  {index} = phi i64 [0, %{before}], [{following}, %{latch}]"]
+        phis += [
+            f"  {value} = phi {kind} [{initial}, %{before}], [{result}, %{latch}]"
+            for value, (kind, initial), result in zip(values, carried, results)
+        ]
+        self.lines[phi_at:phi_at] = phis
+        self.start_block(exit_label)
+        return list(results)

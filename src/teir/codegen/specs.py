@@ -1,0 +1,186 @@
+"""Parameters of the kernels: everything that is baked into the generated code.
+
+All matrices are column-major in the BLAS sense: element (i, j) of a matrix with leading
+dimension ``ld`` is at ``i + j * ld``. A "transposed" operand is stored as its transpose, so
+that the unit stride runs along the other index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from teir.errors import TeirError
+
+
+class KernelError(TeirError, ValueError):
+    """Kernel parameters that no kernel can be generated for."""
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise KernelError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _check_at_least(name: str, value: int, minimum: int, why: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise KernelError(f"{name} must be an integer >= {minimum} ({why}), got {value!r}")
+
+
+def _itemsize(dtype: str) -> int:
+    if dtype not in ("f32", "f64"):
+        raise KernelError(f"dtype must be 'f32' or 'f64', got {dtype!r}")
+    return 4 if dtype == "f32" else 8
+
+
+@dataclass(frozen=True)
+class BrgemmSpec:
+    """``C += sum_i A_i @ B_i`` (``C = sum ...`` with ``beta = 0``) for ``i < batch``.
+
+    ``A_i`` is m x k at ``A + i * stride_a``: column-major (element (m, k) at ``m + k * lda``)
+    or, with ``trans_a``, stored transposed (at ``m * lda + k``: unit stride on K).
+    ``B_i`` is k x n at ``B + i * stride_b``: column-major (``k + n * ldb``, unit stride on K)
+    or, with ``trans_b``, stored transposed (``k * ldb + n``: unit stride on N).
+    ``C`` is m x n column-major with leading dimension ``ldc``. GEMM is ``batch = 1``.
+    """
+
+    dtype: str
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    trans_a: bool = False
+    trans_b: bool = False
+    lda: int = 0
+    ldb: int = 0
+    ldc: int = 0
+    stride_a: int = 0
+    stride_b: int = 0
+    beta: int = 1
+
+    def __post_init__(self) -> None:
+        _itemsize(self.dtype)
+        _check_positive(m=self.m, n=self.n, k=self.k, batch=self.batch)
+        # Leading dimensions default to the tight extent.
+        rows_a = self.k if self.trans_a else self.m
+        rows_b = self.n if self.trans_b else self.k
+        for name, minimum in (("lda", rows_a), ("ldb", rows_b), ("ldc", self.m)):
+            if getattr(self, name) == 0:
+                object.__setattr__(self, name, minimum)
+            _check_at_least(name, getattr(self, name), minimum, "the extent of a column")
+        if self.batch == 1:  # batch strides do not matter then: one cache entry
+            object.__setattr__(self, "stride_a", 0)
+            object.__setattr__(self, "stride_b", 0)
+        _check_at_least("stride_a", self.stride_a, 0, "a batch stride")
+        _check_at_least("stride_b", self.stride_b, 0, "a batch stride")
+        if self.beta not in (0, 1) or isinstance(self.beta, bool):
+            raise KernelError(f"beta must be 0 or 1, got {self.beta!r}")
+        for flag in ("trans_a", "trans_b"):
+            if not isinstance(getattr(self, flag), bool):
+                raise KernelError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
+
+    @property
+    def itemsize(self) -> int:
+        return _itemsize(self.dtype)
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k * self.batch
+
+    def extent_a(self) -> int:
+        """Elements from A's first to one past its last element."""
+        rows, cols = (self.k, self.m) if self.trans_a else (self.m, self.k)
+        return (self.batch - 1) * self.stride_a + (cols - 1) * self.lda + rows
+
+    def extent_b(self) -> int:
+        rows, cols = (self.n, self.k) if self.trans_b else (self.k, self.n)
+        return (self.batch - 1) * self.stride_b + (cols - 1) * self.ldb + rows
+
+    def extent_c(self) -> int:
+        return (self.n - 1) * self.ldc + self.m
+
+    @property
+    def name(self) -> str:
+        layout = ("t" if self.trans_a else "n") + ("t" if self.trans_b else "n")
+        return (
+            f"brgemm_{self.dtype}_{self.m}x{self.n}x{self.k}_b{self.batch}_{layout}_"
+            f"{self.lda}_{self.ldb}_{self.ldc}_{self.stride_a}_{self.stride_b}_beta{self.beta}"
+        )
+
+
+class UnaryOp(Enum):
+    """The unary primitives: ``B := op(A)``."""
+
+    ZERO = "zero"
+    COPY = "copy"
+    RELU = "relu"
+
+
+@dataclass(frozen=True)
+class UnarySpec:
+    """``B := op(A)`` on an m x n column-major B (``ldb``); A is m x n column-major (``lda``)
+    or, with ``trans_a``, n x m (B = op(A^T)). ``in_place`` ReLU reads and writes B only.
+    Zero reads nothing.
+    """
+
+    dtype: str
+    op: UnaryOp
+    m: int
+    n: int
+    lda: int = 0
+    ldb: int = 0
+    trans_a: bool = False
+    in_place: bool = False
+
+    def __post_init__(self) -> None:
+        _itemsize(self.dtype)
+        if not isinstance(self.op, UnaryOp):
+            try:
+                object.__setattr__(self, "op", UnaryOp(str(self.op).lower()))
+            except ValueError:
+                raise KernelError(f"op must be one of zero, copy, relu; got {self.op!r}") from None
+        _check_positive(m=self.m, n=self.n)
+        if self.in_place and self.op is not UnaryOp.RELU:
+            raise KernelError("only ReLU runs in place (B := max(B, 0))")
+        reads = self.op is not UnaryOp.ZERO and not self.in_place
+        if self.trans_a and not reads:
+            raise KernelError("a transposed A needs an op that reads A (copy or relu)")
+        if self.ldb == 0:
+            object.__setattr__(self, "ldb", self.m)
+        _check_at_least("ldb", self.ldb, self.m, "the extent of a column of B")
+        if not reads:
+            object.__setattr__(self, "lda", 0)
+        else:
+            rows = self.n if self.trans_a else self.m
+            if self.lda == 0:
+                object.__setattr__(self, "lda", rows)
+            _check_at_least("lda", self.lda, rows, "the extent of a column of A")
+
+    @property
+    def itemsize(self) -> int:
+        return _itemsize(self.dtype)
+
+    @property
+    def reads_a(self) -> bool:
+        return self.op is not UnaryOp.ZERO and not self.in_place
+
+    def extent_a(self) -> int:
+        if not self.reads_a:
+            return 0
+        rows, cols = (self.n, self.m) if self.trans_a else (self.m, self.n)
+        return (cols - 1) * self.lda + rows
+
+    def extent_b(self) -> int:
+        return (self.n - 1) * self.ldb + self.m
+
+    @property
+    def bytes_moved(self) -> int:
+        """Bytes read plus bytes written by one call."""
+        per_element = (2 if self.reads_a or self.in_place else 1) * self.itemsize
+        return per_element * self.m * self.n
+
+    @property
+    def name(self) -> str:
+        kind = "inplace" if self.in_place else ("t" if self.trans_a else "n")
+        return f"unary_{self.op.value}_{self.dtype}_{self.m}x{self.n}_{kind}_{self.lda}_{self.ldb}"

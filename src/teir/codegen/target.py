@@ -1,0 +1,109 @@
+"""The machine code is generated for: triple, CPU name, features, and what follows from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import llvmlite.binding as llvm  # type: ignore[import-untyped]
+
+
+@cache
+def initialize_llvm() -> None:
+    """Initialize LLVM's native target once per process."""
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+
+
+@dataclass(frozen=True)
+class Target:
+    """An LLVM code-generation target.
+
+    ``vector_bits`` is the widest vector register the features allow (512 with AVX-512F, 256
+    with AVX/AVX2, 128 for SSE2 and NEON) and ``vector_registers`` how many of them there are.
+    """
+
+    triple: str
+    cpu: str
+    features: str
+
+    @property
+    def is_x86(self) -> bool:
+        return self.triple.startswith(("x86_64", "i386", "i686"))
+
+    def has(self, feature: str) -> bool:
+        return f"+{feature}" in self.features.split(",")
+
+    @property
+    def vector_bits(self) -> int:
+        if self.is_x86:
+            if self.has("avx512f"):
+                return 512
+            if self.has("avx"):
+                return 256
+        return 128
+
+    @property
+    def vector_registers(self) -> int:
+        if self.is_x86:
+            return 32 if self.has("avx512f") else 16
+        return 32  # aarch64 has 32 SIMD registers
+
+    @property
+    def has_fma(self) -> bool:
+        return self.has("fma") if self.is_x86 else True
+
+    def lanes(self, itemsize: int) -> int:
+        """Elements of ``itemsize`` bytes in one vector register."""
+        return self.vector_bits // (8 * itemsize)
+
+    @property
+    def key(self) -> str:
+        """Identifies the generated code's target, for cache keys."""
+        return f"{self.triple}|{self.cpu}|{self.features}"
+
+    @staticmethod
+    @cache
+    def host() -> Target:
+        """The machine this process runs on, as LLVM reports it."""
+        initialize_llvm()
+        return Target(
+            llvm.get_process_triple(),
+            llvm.get_host_cpu_name(),
+            llvm.get_host_cpu_features().flatten(),
+        )
+
+    def without_avx512(self) -> Target:
+        """This x86 target with every AVX-512 feature turned off (an AVX2-only machine)."""
+        features = [f"-{f[1:]}" if f.startswith("+avx512") else f for f in self.features.split(",")]
+        features = [f for f in features if not f.startswith("+amx") and not f.startswith("+avx10")]
+        return Target(self.triple, "x86-64-v3" if self.is_x86 else self.cpu, ",".join(features))
+
+
+def _parse_size(text: str) -> int:
+    text = text.strip().upper()
+    units = {"K": 1024, "M": 1024**2, "G": 1024**3}
+    if text and text[-1] in units:
+        return int(text[:-1]) * units[text[-1]]
+    return int(text)
+
+
+@cache
+def cache_sizes() -> dict[str, int]:
+    """Per-core data cache sizes ("L1", "L2") and the last level ("L3") in bytes."""
+    sizes: dict[str, int] = {}
+    root = Path("/sys/devices/system/cpu/cpu0/cache")
+    try:
+        for index in sorted(root.glob("index*")):
+            kind = (index / "type").read_text().strip()
+            if kind == "Instruction":
+                continue
+            number = int((index / "level").read_text())
+            sizes[f"L{number}"] = _parse_size((index / "size").read_text())
+    except (OSError, ValueError):
+        pass
+    # Typical sizes where the system does not say.
+    for name, default in (("L1", 32 * 1024), ("L2", 1024 * 1024), ("L3", 8 * 1024 * 1024)):
+        sizes.setdefault(name, default)
+    return sizes

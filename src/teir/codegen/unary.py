@@ -1,0 +1,267 @@
+"""LLVM IR for the unary kernels: ``B := 0``, ``B := A``, ``B := max(A, 0)``, the transposed
+``B := op(A^T)`` and the in-place ``B := max(B, 0)``.
+
+Columns are swept with unrolled vector loads and stores and a masked tail; when the leading
+dimensions equal the column height the matrix is one long column. The transposed form moves
+square blocks of one vector register's width through registers, transposing them with a
+butterfly of shuffles (log2(lanes) stages), with masked loads and stores at the edges.
+"""
+
+from __future__ import annotations
+
+from teir.codegen.irtext import (
+    FunctionBuilder,
+    Module,
+    mask_constant,
+    scalar_type,
+    shuffle_mask,
+    type_suffix,
+    vector_type,
+)
+from teir.codegen.specs import UnaryOp, UnarySpec
+from teir.codegen.target import Target
+
+COLUMN_UNROLL = 4
+
+
+class _UnaryEmitter:
+    def __init__(
+        self,
+        spec: UnarySpec,
+        target: Target,
+        module: Module,
+        name: str,
+        linkage: str,
+        attributes: str,
+        lanes: int | None = None,
+    ) -> None:
+        self.spec = spec
+        self.lanes = lanes or target.lanes(spec.itemsize)
+        self.t = scalar_type(spec.itemsize)
+        self.vt = vector_type(self.lanes, spec.itemsize)
+        self.suffix = f"v{self.lanes}{type_suffix(spec.itemsize)}"
+        self.module = module
+        module.declare(
+            f"masked.load.{self.suffix}",
+            f"declare {self.vt} @llvm.masked.load.{self.suffix}.p0(ptr, i32, <{self.lanes} x i1>, "
+            f"{self.vt})",
+        )
+        module.declare(
+            f"masked.store.{self.suffix}",
+            f"declare void @llvm.masked.store.{self.suffix}.p0({self.vt}, ptr, i32, "
+            f"<{self.lanes} x i1>)",
+        )
+        reads = "readonly " if spec.reads_a else ""
+        self.f = FunctionBuilder(
+            module,
+            f"define {linkage} void @{name}(ptr noalias {reads}%A, ptr noalias %B) nounwind "
+            f"{attributes}",
+        )
+
+    def load(self, base: str, offset: str | int, active: int) -> str:
+        f = self.f
+        pointer = f.gep(self.t, base, offset)
+        align = self.spec.itemsize
+        if active == self.lanes:
+            return f.assign(f"load {self.vt}, ptr {pointer}, align {align}", "v")
+        return f.assign(
+            f"call {self.vt} @llvm.masked.load.{self.suffix}.p0(ptr {pointer}, i32 {align}, "
+            f"<{self.lanes} x i1> {mask_constant(self.lanes, active)}, {self.vt} zeroinitializer)",
+            "v",
+        )
+
+    def store(self, value: str, base: str, offset: str | int, active: int) -> None:
+        f = self.f
+        pointer = f.gep(self.t, base, offset)
+        align = self.spec.itemsize
+        if active == self.lanes:
+            f.emit(f"store {self.vt} {value}, ptr {pointer}, align {align}")
+        else:
+            f.emit(
+                f"call void @llvm.masked.store.{self.suffix}.p0({self.vt} {value}, "
+                f"ptr {pointer}, i32 {align}, <{self.lanes} x i1> "
+                f"{mask_constant(self.lanes, active)})"
+            )
+
+    def apply(self, value: str) -> str:
+        if self.spec.op is not UnaryOp.RELU:
+            return value
+        # max(x, 0) that keeps NaN (like np.maximum): x < 0 (ordered) ? 0 : x
+        negative = self.f.assign(f"fcmp olt {self.vt} {value}, zeroinitializer", "c")
+        return self.f.assign(
+            f"select <{self.lanes} x i1> {negative}, {self.vt} zeroinitializer, {self.vt} {value}",
+            "v",
+        )
+
+    # ---- column sweeps --------------------------------------------------------------------
+    def emit_columns(self) -> None:
+        spec, f = self.spec, self.f
+        rows, cols = spec.m, spec.n
+        source = "%B" if spec.in_place else "%A"
+        lda = spec.ldb if spec.in_place else spec.lda
+        if cols > 1 and spec.ldb == rows and (not spec.reads_a or lda == rows):
+            rows, cols = rows * cols, 1  # contiguous: one long column
+
+        def element(index: str | int, column: str | int, active: int) -> None:
+            if spec.op is UnaryOp.ZERO:
+                value = "zeroinitializer"
+            else:
+                value = self.apply(
+                    self.load(source, f.add_i64(index, f.mul_i64(column, lda)), active)
+                )
+            self.store(value, "%B", f.add_i64(index, f.mul_i64(column, spec.ldb)), active)
+
+        def column_body(j: str, _: list[str]) -> list[str]:
+            group = COLUMN_UNROLL * self.lanes
+            groups, rest = divmod(rows, group)
+            if groups:
+
+                def group_body(g: str, _: list[str]) -> list[str]:
+                    base = f.mul_i64(g, group)
+                    for u in range(COLUMN_UNROLL):
+                        element(f.add_i64(base, u * self.lanes), j, self.lanes)
+                    return []
+
+                f.loop(groups, [], group_body, "g")
+            start = groups * group
+            while rest > 0:
+                active = min(rest, self.lanes)
+                element(start, j, active)
+                start += active
+                rest -= active
+            return []
+
+        f.loop(cols, [], column_body, "col")
+        f.finish()
+
+    # ---- transposed blocks ----------------------------------------------------------------
+    def transpose(self, rows: list[str]) -> list[str]:
+        """Transpose lanes x lanes values given as rows (vectors); returns the columns.
+
+        Stage b exchanges bit b of the row index with bit b of the lane index. Within a
+        128-bit chunk this is an unpack (interleave) of rows i and i + 2**b, which x86 and
+        NEON do in one cheap instruction; across chunks it is a swap of 2**b-lane blocks. The
+        unpacks leave the outputs in a permuted order, which a symbolic run of the same
+        shuffles (on (row, lane) labels) undoes.
+        """
+        f, lanes = self.f, self.lanes
+        chunk = max(1, 16 // self.spec.itemsize)  # elements in 128 bits
+        labels = [[(r, c) for c in range(lanes)] for r in range(lanes)]
+        rows = list(rows)
+        d = 1
+        while d < lanes:
+            for i in range(lanes):
+                if i & d:
+                    continue
+                first, second = _stage_masks(lanes, d, chunk)
+                low, high = rows[i], rows[i | d]
+                rows[i] = f.assign(
+                    f"shufflevector {self.vt} {low}, {self.vt} {high}, "
+                    f"<{lanes} x i32> {shuffle_mask(first)}",
+                    "x",
+                )
+                rows[i | d] = f.assign(
+                    f"shufflevector {self.vt} {low}, {self.vt} {high}, "
+                    f"<{lanes} x i32> {shuffle_mask(second)}",
+                    "x",
+                )
+                pair = labels[i] + labels[i | d]
+                labels[i] = [pair[k] for k in first]
+                labels[i | d] = [pair[k] for k in second]
+            d *= 2
+        columns: list[str] = [""] * lanes
+        for vector, label in zip(rows, labels):
+            column = label[0][1]
+            assert label == [(r, column) for r in range(lanes)], "not a transpose"
+            columns[column] = vector
+        return columns
+
+    def emit_transposed(self) -> None:
+        spec, f, lanes = self.spec, self.f, self.lanes
+        # B (m x n) element (i, j) = A (n x m) element (j, i) at j + i * lda.
+        i_full, i_rest = divmod(spec.m, lanes)
+        j_full, j_rest = divmod(spec.n, lanes)
+
+        def block(i0: str | int, j0: str | int, rows_i: int, cols_j: int) -> None:
+            vectors = []
+            for ii in range(lanes):
+                if ii < rows_i:
+                    offset = f.add_i64(j0, f.mul_i64(f.add_i64(i0, ii), spec.lda))
+                    vectors.append(self.load("%A", offset, cols_j))
+                else:
+                    vectors.append("zeroinitializer")
+            columns = self.transpose(vectors)
+            for jj in range(cols_j):
+                value = self.apply(columns[jj])
+                self.store(
+                    value, "%B", f.add_i64(i0, f.mul_i64(f.add_i64(j0, jj), spec.ldb)), rows_i
+                )
+
+        # Blocks of B's columns (j) outside, down the rows (i) inside: B is written as
+        # `lanes` sequential streams and A read as one strided stream.
+        for j_count, cols_j, j_start in (
+            (j_full, lanes, 0),
+            (1 if j_rest else 0, j_rest, j_full * lanes),
+        ):
+            if not j_count:
+                continue
+
+            def j_body(
+                jb: str, _: list[str], cols_j: int = cols_j, j_start: int = j_start
+            ) -> list[str]:
+                j0 = f.add_i64(j_start, f.mul_i64(jb, lanes))
+                for i_count, rows_i, i_start in (
+                    (i_full, lanes, 0),
+                    (1 if i_rest else 0, i_rest, i_full * lanes),
+                ):
+                    if not i_count:
+                        continue
+
+                    def i_body(
+                        ib: str, _: list[str], rows_i: int = rows_i, i_start: int = i_start
+                    ) -> list[str]:
+                        block(f.add_i64(i_start, f.mul_i64(ib, lanes)), j0, rows_i, cols_j)
+                        return []
+
+                    f.loop(i_count, [], i_body, "ib")
+                return []
+
+            f.loop(j_count, [], j_body, "jb")
+        f.finish()
+
+
+def unary_function(
+    spec: UnarySpec,
+    target: Target,
+    module: Module,
+    name: str,
+    linkage: str = "",
+    lanes: int | None = None,
+    attributes: str = "",
+) -> None:
+    """Add the kernel ``void name(ptr A, ptr B)`` for ``spec`` to ``module`` (A is ignored by
+    Zero and the in-place ReLU)."""
+    emitter = _UnaryEmitter(spec, target, module, name, linkage, attributes, lanes)
+    if spec.trans_a:
+        emitter.emit_transposed()
+    else:
+        emitter.emit_columns()
+
+
+def _stage_masks(lanes: int, d: int, chunk: int) -> tuple[list[int], list[int]]:
+    """Shuffle masks (over the concatenation a ++ b) of one transpose stage for rows a and
+    b = a's partner at distance d."""
+    if d < chunk:
+        # unpack-low / unpack-high of d-element groups inside each 128-bit chunk
+        low, high = [], []
+        for q in range(lanes // chunk):
+            for p in range(chunk):
+                t, rest = divmod(p, 2 * d)
+                source, u = divmod(rest, d)
+                base = source * lanes + q * chunk + t * d + u
+                low.append(base)
+                high.append(base + chunk // 2)
+        return low, high
+    first = [j if not j & d else lanes + (j ^ d) for j in range(lanes)]
+    second = [(j ^ d) if not j & d else lanes + j for j in range(lanes)]
+    return first, second

@@ -1,0 +1,147 @@
+"""What this machine is and what it can do, measured in the same run as what is compared.
+
+>>> from teir import machine
+>>> info = machine.info()
+>>> info.cores >= 1 and info.vector_bits in (128, 256, 512)
+True
+
+``peak_gflops`` runs a JIT-compiled loop of independent vector FMAs (no memory traffic) on one
+or several threads; ``copy_bandwidth`` a JIT-compiled vector copy of a given size. Benchmarks
+call them alongside their measurements, because a virtual machine's speed can change between
+runs (its vCPUs may share a physical core for a while).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from teir.codegen.probes import copy_block_bytes, copy_probe, flops_per_iteration, fma_probe
+from teir.codegen.target import Target, cache_sizes
+from teir.kernels.cache import CODE_CACHE
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    """CPU name and features (as LLVM reports them), usable cores and cache sizes in bytes."""
+
+    cpu: str
+    llvm_cpu: str
+    features: tuple[str, ...]
+    vector_bits: int
+    cores: int
+    caches: dict[str, int] = field(default_factory=dict)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "Model", "Hardware")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@cache
+def info() -> MachineInfo:
+    target = Target.host()
+    features = tuple(f[1:] for f in target.features.split(",") if f.startswith("+"))
+    return MachineInfo(
+        _cpu_model(), target.cpu, features, target.vector_bits, usable_cores(), cache_sizes()
+    )
+
+
+def _fma_function(itemsize: int) -> tuple[Any, int]:
+    target = Target.host()
+    loaded = CODE_CACHE.get(
+        f"probe:fma:{itemsize}", target, [""], lambda prefix: fma_probe(target, itemsize, prefix)
+    )
+    restype = ctypes.c_float if itemsize == 4 else ctypes.c_double
+    function = ctypes.CFUNCTYPE(restype, ctypes.c_int64)(loaded.symbols[""])
+    return function, flops_per_iteration(target, itemsize)
+
+
+def peak_gflops(dtype: str = "f32", threads: int = 1, seconds: float = 0.2) -> float:
+    """Measured FMA peak in GFLOP/s of ``threads`` threads (the best of a few runs)."""
+    function, flops = _fma_function(4 if dtype in ("f32", "fp32", "FP32") else 8)
+    function(1000)
+    iterations = 1_000_000
+    start = time.perf_counter()
+    function(iterations)
+    per_iteration = (time.perf_counter() - start) / iterations
+    iterations = max(1000, int(seconds / 3 / max(per_iteration, 1e-12)))
+    best = 0.0
+    for _ in range(3):
+        workers = [threading.Thread(target=function, args=(iterations,)) for _ in range(threads)]
+        start = time.perf_counter()
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        elapsed = time.perf_counter() - start
+        best = max(best, threads * iterations * flops / elapsed / 1e9)
+    return best
+
+
+def copy_bandwidth(nbytes: int, seconds: float = 0.05) -> float:
+    """Measured copy bandwidth in GB/s (bytes read plus bytes written per second) for copying
+    ``nbytes`` from one buffer to another, repeatedly (so small sizes stay in cache)."""
+    target = Target.host()
+    loaded = CODE_CACHE.get("probe:copy", target, [""], lambda prefix: copy_probe(target, prefix))
+    function = ctypes.CFUNCTYPE(
+        None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64
+    )(loaded.symbols[""])
+    block = copy_block_bytes(target)
+    blocks = max(1, nbytes // block)
+    source = np.ones(blocks * block // 4 + 16, dtype=np.float32)
+    destination = np.zeros_like(source)
+    ps, pd = source.ctypes.data, destination.ctypes.data
+    function(ps, pd, blocks, 1)
+    start = time.perf_counter()
+    function(ps, pd, blocks, 10)
+    per_rep = (time.perf_counter() - start) / 10
+    reps = max(1, int(seconds / 3 / max(per_rep, 1e-9)))
+    best = 0.0
+    for _ in range(3):
+        start = time.perf_counter()
+        function(ps, pd, blocks, reps)
+        elapsed = time.perf_counter() - start
+        best = max(best, 2 * blocks * block * reps / elapsed / 1e9)
+    return best
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Peaks measured in one run: GFLOP/s per dtype on one core and on all usable cores."""
+
+    single: dict[str, float]
+    all_cores: dict[str, float]
+    cores: int
+
+
+def probe(dtypes: tuple[str, ...] = ("f32", "f64"), threads: int | None = None) -> Probe:
+    """Measure the FMA peak of one core and of ``threads`` (default: all usable) cores."""
+    threads = threads or usable_cores()
+    return Probe(
+        {d: peak_gflops(d, 1) for d in dtypes},
+        {d: peak_gflops(d, threads) for d in dtypes},
+        threads,
+    )

@@ -1,0 +1,122 @@
+"""The kernel cache (memory, disk, corruption, concurrency), the machine probe, the bench CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from teir import machine
+from teir.cli.main import main
+from teir.kernels import cache_dir
+
+LOAD = """
+import json, sys
+from teir import kernels
+k = kernels.brgemm("f64", 13, 11, 7, 2, stride_a=100, stride_b=100, beta=0)
+import numpy as np
+a = np.random.rand(300); b = np.random.rand(300); c = np.zeros(13 * 11)
+k(a, b, c)
+expected = sum(a[i * 100:i * 100 + 91].reshape(7, 13).T @ b[i * 100:i * 100 + 77].reshape(11, 7).T
+               for i in range(2))
+ok = bool(np.allclose(c.reshape(11, 13).T, expected))
+print(json.dumps({"origin": k.origin, "ms": k.load_seconds * 1e3, "ok": ok}))
+"""
+
+
+def load_in_subprocess(directory: Path | str) -> dict:
+    environment = dict(os.environ, TEIR_CACHE_DIR=str(directory))
+    result = subprocess.run(
+        [sys.executable, "-c", LOAD], capture_output=True, text=True, env=environment, check=True
+    )
+    return json.loads(result.stdout)
+
+
+def test_disk_cache_compiles_once_then_loads(tmp_path):
+    first = load_in_subprocess(tmp_path)
+    assert first == {**first, "origin": "compiled", "ok": True}
+    files = list(tmp_path.glob("*.o"))
+    assert len(files) == 1
+    second = load_in_subprocess(tmp_path)
+    assert second["origin"] == "disk" and second["ok"]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "flip"])
+def test_corrupted_cache_file_is_rebuilt(tmp_path, damage):
+    load_in_subprocess(tmp_path)
+    (path,) = tmp_path.glob("*.o")
+    data = path.read_bytes()
+    if damage == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        path.write_bytes(b"\x7fELF not really an object")
+    else:
+        path.write_bytes(data[:-10] + bytes(b ^ 0xFF for b in data[-10:]))
+    again = load_in_subprocess(tmp_path)
+    assert again["origin"] == "compiled" and again["ok"]
+    assert load_in_subprocess(tmp_path)["origin"] == "disk"
+
+
+def test_empty_cache_dir_disables_the_disk_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TEIR_CACHE_DIR", "")
+    assert cache_dir() is None
+    environment = dict(
+        os.environ, TEIR_CACHE_DIR="", HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "xdg")
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", LOAD], capture_output=True, text=True, env=environment, check=True
+    )
+    assert json.loads(result.stdout)["origin"] == "compiled"
+    assert not list(tmp_path.rglob("*.o"))
+
+
+def test_default_cache_dir_follows_the_platform(monkeypatch, tmp_path):
+    monkeypatch.delenv("TEIR_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    if sys.platform.startswith("linux"):
+        assert cache_dir() == tmp_path / "teir"
+
+
+def test_concurrent_processes_share_the_cache_safely(tmp_path):
+    environment = dict(os.environ, TEIR_CACHE_DIR=str(tmp_path))
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", LOAD], stdout=subprocess.PIPE, text=True, env=environment
+        )
+        for _ in range(4)
+    ]
+    results = [json.loads(p.communicate()[0]) for p in processes]
+    assert all(r["ok"] for r in results)
+    assert not list(tmp_path.glob(".tmp-*"))
+    assert load_in_subprocess(tmp_path)["origin"] == "disk"
+
+
+def test_unwritable_cache_dir_still_works(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    assert load_in_subprocess(blocker / "cache")["ok"]
+
+
+def test_machine_info_and_probe():
+    info = machine.info()
+    assert info.cores == machine.usable_cores() >= 1
+    assert info.vector_bits in (128, 256, 512)
+    assert {"L1", "L2", "L3"} <= set(info.caches)
+    assert machine.peak_gflops("f32", 1, seconds=0.01) > 0.5
+    assert machine.peak_gflops("f64", 2, seconds=0.01) > 0.5
+    assert machine.copy_bandwidth(1 << 16, seconds=0.01) > 0.1
+
+
+def test_bench_kernels_json(capsys):
+    assert main(["bench", "kernels", "--dtype", "f64", "--json", "--seconds", "0.002"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["dtype"] == "f64" and report["peak_gflops_1core"] > 0
+    kinds = {row["kernel"] for row in report["rows"]}
+    assert {"gemm", "brgemm(batch 16)", "zero", "copy", "relu", "copy^T"} <= kinds
+    for row in report["rows"]:
+        assert row["loop"] > 0 and row["call"] > 0 and row["compile_ms"] > 0
+        assert row["load_ms"] is None or row["load_ms"] >= 0

@@ -1,0 +1,350 @@
+"""Generated kernels against NumPy: exhaustive small sweeps, larger random sizes, canaries
+around every tile, a forced AVX2-only target, and the public kernel API."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+import teir
+from kernel_harness import compile_many, run_brgemm, run_unary
+from teir import kernels
+from teir.codegen.brgemm import Blocking, choose_blocking
+from teir.codegen.specs import BrgemmSpec, KernelError, UnaryOp, UnarySpec
+from teir.codegen.target import Target
+
+HOST = Target.host()
+LAYOUTS = list(itertools.product([False, True], repeat=2))
+DTYPES = ["f32", "f64"]
+
+
+def brgemm_spec(dtype, m, n, k, batch, trans_a, trans_b, beta, pad):
+    lda = (k if trans_a else m) + pad
+    ldb = (n if trans_b else k) + pad
+    ldc = m + pad
+    size_a = lda * (m if trans_a else k)
+    size_b = ldb * (k if trans_b else n)
+    return BrgemmSpec(
+        dtype,
+        m,
+        n,
+        k,
+        batch,
+        trans_a,
+        trans_b,
+        lda,
+        ldb,
+        ldc,
+        stride_a=size_a + pad,
+        stride_b=size_b + 2 * pad,
+        beta=beta,
+    )
+
+
+def sweep(specs, target=HOST, blockings=None):
+    functions = compile_many(specs, target, blockings)
+    for seed, (spec, function) in enumerate(zip(specs, functions)):
+        run_brgemm(spec, function, seed)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("trans_a", "trans_b"), LAYOUTS)
+def test_every_m_and_n_up_to_17(dtype, trans_a, trans_b):
+    specs = [
+        brgemm_spec(
+            dtype,
+            m,
+            n,
+            1 + (7 * m + 3 * n) % 9,
+            1 + (m + 2 * n) % 3,
+            trans_a,
+            trans_b,
+            (m + n) % 2,
+            (m * n) % 3,
+        )
+        for m in range(1, 18)
+        for n in range(1, 18)
+    ]
+    sweep(specs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("trans_a", "trans_b"), LAYOUTS)
+def test_every_k_batch_and_beta(dtype, trans_a, trans_b):
+    shapes = [(17, 17), (16, 5), (1, 1), (9, 16), (33, 2)]
+    specs = [
+        brgemm_spec(
+            dtype,
+            *shapes[(k + batch) % len(shapes)],
+            k,
+            batch,
+            trans_a,
+            trans_b,
+            beta,
+            (k + batch) % 2,
+        )
+        for k in range(1, 10)
+        for batch in range(1, 4)
+        for beta in (0, 1)
+    ]
+    sweep(specs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_batch_chunks_with_beta_zero_overwrite_only_once(dtype):
+    # Chunks of the batch: beta 0 must zero C in the first chunk and accumulate afterwards.
+    specs, blockings = [], []
+    for trans_a, trans_b in LAYOUTS:
+        for batch, chunk in ((6, 2), (6, 3), (8, 1), (4, 4)):
+            spec = brgemm_spec(dtype, 19, 7, 5, batch, trans_a, trans_b, 0, 1)
+            base = choose_blocking(spec, HOST)
+            specs.append(spec)
+            blockings.append(Blocking(base.form, base.lanes, base.vectors, base.columns, chunk))
+    sweep(specs, blockings=blockings)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_larger_random_sizes(seed):
+    rnd = random.Random(seed)
+    specs = []
+    for trans_a, trans_b in LAYOUTS:
+        m, n = rnd.randint(18, 300), rnd.randint(18, 200)
+        k, batch = rnd.randint(10, 300), rnd.randint(1, 5)
+        specs.append(
+            brgemm_spec(
+                rnd.choice(DTYPES),
+                m,
+                n,
+                k,
+                batch,
+                trans_a,
+                trans_b,
+                rnd.randint(0, 1),
+                rnd.randint(0, 7),
+            )
+        )
+    sweep(specs)
+
+
+def test_extreme_sizes_of_the_issue():
+    specs = [
+        brgemm_spec("f32", 1024, 3, 2048, 1, False, False, 1, 0),
+        brgemm_spec("f64", 2, 1024, 7, 2, False, True, 0, 1),
+        brgemm_spec("f32", 3, 2, 2, 1024, False, False, 1, 0),
+        brgemm_spec("f64", 5, 3, 2048, 1, True, False, 0, 3),
+    ]
+    sweep(specs)
+
+
+def test_forced_avx2_target_runs_correctly_here():
+    avx2 = HOST.without_avx512()
+    assert avx2.vector_bits == 256 and avx2.vector_registers == 16
+    specs = [
+        brgemm_spec(dtype, m, n, k, b, ta, tb, beta, 1)
+        for dtype in DTYPES
+        for (ta, tb) in LAYOUTS
+        for m, n, k, b, beta in (
+            (1, 1, 1, 1, 1),
+            (17, 13, 9, 3, 0),
+            (33, 17, 5, 2, 1),
+            (8, 6, 4, 1, 0),
+            (64, 48, 64, 2, 1),
+        )
+    ]
+    sweep(specs, target=avx2)
+    uspecs = [
+        UnarySpec(dtype, op, m, n, trans_a=t)
+        for dtype in DTYPES
+        for op, t in (
+            (UnaryOp.COPY, True),
+            (UnaryOp.RELU, False),
+            (UnaryOp.ZERO, False),
+            (UnaryOp.RELU, True),
+        )
+        for m, n in ((1, 1), (17, 9), (8, 8), (33, 20))
+    ]
+    for seed, (spec, function) in enumerate(zip(uspecs, compile_many(uspecs, avx2))):
+        run_unary(spec, function, seed)
+
+
+def test_aarch64_code_generates_and_compiles():
+    import llvmlite.binding as llvm
+
+    from teir.kernels import jit
+
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    neon = Target("aarch64-unknown-linux-gnu", "generic", "+neon,+fp-armv8")
+    try:
+        llvm.Target.from_triple(neon.triple)
+    except RuntimeError:
+        pytest.skip("this LLVM has no AArch64 backend")
+    assert neon.vector_bits == 128 and neon.lanes(4) == 4
+    from kernel_harness import Module, brgemm_function, unary_function
+
+    module = Module()
+    for i, (ta, tb) in enumerate(LAYOUTS):
+        brgemm_function(brgemm_spec("f32", 13, 7, 5, 2, ta, tb, 1, 1), neon, module, f"g{i}")
+    unary_function(UnarySpec("f64", UnaryOp.COPY, 5, 7, trans_a=True), neon, module, "u")
+    assert jit.compile_object(module.text(), neon)
+
+
+UNARY_VARIANTS = [
+    (UnaryOp.ZERO, False, False),
+    (UnaryOp.COPY, False, False),
+    (UnaryOp.RELU, False, False),
+    (UnaryOp.COPY, True, False),
+    (UnaryOp.RELU, True, False),
+    (UnaryOp.RELU, False, True),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("op", "transposed", "in_place"), UNARY_VARIANTS)
+def test_unary_every_m_and_n_up_to_17(dtype, op, transposed, in_place):
+    specs = []
+    for m in range(1, 18):
+        for n in range(1, 18):
+            pad = (m + n) % 3
+            rows_a = n if transposed else m
+            lda = rows_a + (m % 2) if op is not UnaryOp.ZERO and not in_place else 0
+            specs.append(
+                UnarySpec(
+                    dtype, op, m, n, lda=lda, ldb=m + pad, trans_a=transposed, in_place=in_place
+                )
+            )
+    for seed, (spec, function) in enumerate(zip(specs, compile_many(specs, HOST))):
+        run_unary(spec, function, seed)
+
+
+def test_unary_large_sizes():
+    specs = [
+        UnarySpec("f32", UnaryOp.COPY, 4096, 3, ldb=4099),
+        UnarySpec("f64", UnaryOp.RELU, 3, 4096, lda=5),
+        UnarySpec("f32", UnaryOp.COPY, 300, 517, trans_a=True, lda=520, ldb=301),
+        UnarySpec("f64", UnaryOp.ZERO, 1000, 1000),
+        UnarySpec("f32", UnaryOp.RELU, 4096, 4096, in_place=True),
+        UnarySpec("f64", UnaryOp.RELU, 129, 4096, trans_a=True),
+    ]
+    for seed, (spec, function) in enumerate(zip(specs, compile_many(specs, HOST))):
+        run_unary(spec, function, seed)
+
+
+# ---- the public API -----------------------------------------------------------------------
+
+
+def test_gemm_api_matches_numpy():
+    gemm = kernels.gemm("fp64", 20, 9, 7)
+    a = np.asfortranarray(np.random.rand(20, 7))
+    b = np.asfortranarray(np.random.rand(7, 9))
+    c = np.asfortranarray(np.random.rand(20, 9))
+    expected = c + a @ b
+    gemm(a, b, c)
+    np.testing.assert_allclose(c, expected, rtol=1e-13)
+
+
+def test_brgemm_api_transposed_layouts_and_beta_zero():
+    kernel = kernels.brgemm(np.float32, 5, 6, 7, 3, trans_a=True, trans_b=True, beta=0)
+    a = np.random.rand(3, 5, 7).astype(np.float32)  # row-major A_i: unit stride on K
+    b = np.random.rand(3, 7, 6).astype(np.float32)  # row-major B_i: unit stride on N
+    kernel = kernels.brgemm(
+        "f32", 5, 6, 7, 3, trans_a=True, trans_b=True, beta=0, stride_a=35, stride_b=42
+    )
+    c = np.full((6, 5), np.nan, dtype=np.float32)  # column-major C: c.T is the result
+    kernel(a, b, c)
+    np.testing.assert_allclose(c.T, np.einsum("bmk,bkn->mn", a, b), rtol=1e-5)
+
+
+def test_unary_api():
+    transpose = kernels.unary("copy", "f32", 4, 3, trans_a=True)
+    a = np.arange(12, dtype=np.float32).reshape(4, 3)  # row-major 4x3 = column-major 3x4
+    b = np.empty((3, 4), dtype=np.float32)  # row-major 3x4 = column-major 4x3 = a
+    transpose(a, b)
+    np.testing.assert_array_equal(b.T, a)
+    zero = kernels.unary("Zero", "f64", 5, 5)
+    z = np.ones(25)
+    zero(z)
+    assert not z.any()
+    relu = kernels.unary("relu", "f64", 25, 1, in_place=True)
+    x = np.linspace(-1, 1, 25)
+    relu(x)
+    np.testing.assert_array_equal(x, np.maximum(np.linspace(-1, 1, 25), 0))
+
+
+def test_relu_keeps_nan_like_numpy():
+    relu = kernels.unary("relu", "f32", 4, 1)
+    a = np.array([np.nan, -1, 2, -0.0], dtype=np.float32)
+    b = np.empty(4, dtype=np.float32)
+    relu(a, b)
+    np.testing.assert_array_equal(b, np.maximum(a, 0))
+
+
+def test_kernels_are_cached_in_memory():
+    first = kernels.gemm("f32", 8, 8, 8)
+    second = kernels.gemm("f32", 8, 8, 8, lda=8)
+    assert second.address == first.address and second.origin == "memory"
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: kernels.gemm("f16", 4, 4, 4), "dtype"),
+        (lambda: kernels.gemm("f32", 0, 4, 4), "m must be"),
+        (lambda: kernels.gemm("f32", 4, 4, 4, lda=3), "lda must be"),
+        (lambda: kernels.gemm("f32", 4, 4, 4, trans_b=True, ldb=3), "ldb must be"),
+        (lambda: kernels.gemm("f32", 4, 4, 4, beta=2), "beta"),
+        (lambda: kernels.brgemm("f32", 4, 4, 4, 2, stride_a=-1), "stride_a"),
+        (lambda: kernels.unary("sigmoid", "f32", 4, 4), "op must be"),
+        (lambda: kernels.unary("copy", "f32", 4, 4, in_place=True), "only ReLU"),
+        (lambda: kernels.unary("zero", "f32", 4, 4, trans_a=True), "transposed"),
+        (lambda: kernels.gemm("f32", 2.0, 4, 4), "m must be"),
+    ],
+)
+def test_bad_parameters_raise_kernel_error(call, match):
+    with pytest.raises(KernelError, match=match):
+        call()
+    assert issubclass(KernelError, teir.TeirError)
+
+
+class TestCallChecks:
+    gemm = kernels.gemm("f32", 4, 3, 2)
+
+    def arrays(self):
+        return (np.ones(8, np.float32), np.ones(6, np.float32), np.zeros(12, np.float32))
+
+    @pytest.mark.parametrize(
+        ("index", "value", "match"),
+        [
+            (0, np.ones(7, np.float32), "A holds 7 elements"),
+            (1, np.ones(6, np.float64), "B has dtype float64"),
+            (2, np.zeros(24, np.float32)[::2], "C- or F-contiguous"),
+            (0, [1.0] * 8, "NumPy array"),
+            (2, None, "NumPy array"),
+        ],
+    )
+    def test_bad_arrays(self, index, value, match):
+        arrays = list(self.arrays())
+        arrays[index] = value
+        with pytest.raises(teir.ExecutionError, match=match):
+            self.gemm(*arrays)
+
+    def test_read_only_output(self):
+        a, b, c = self.arrays()
+        c.flags.writeable = False
+        with pytest.raises(teir.ExecutionError, match="read-only"):
+            self.gemm(a, b, c)
+
+    def test_overlap(self):
+        buffer = np.ones(30, np.float32)
+        with pytest.raises(teir.ExecutionError, match="overlaps"):
+            self.gemm(buffer[:8], buffer[8:14], buffer[4:16])
+
+
+def test_unary_overlap_without_in_place_is_refused():
+    copy = kernels.unary("copy", "f32", 4, 1)
+    x = np.ones(4, np.float32)
+    with pytest.raises(teir.ExecutionError, match="in_place"):
+        copy(x, x)
