@@ -27,6 +27,7 @@ from teir.codegen.target import Target
 from teir.codegen.unary import unary_function
 from teir.errors import ExecutionError
 from teir.ir.enums import DataType
+from teir.kernels.arrays import checked_address, overlaps
 from teir.kernels.cache import CODE_CACHE
 
 _VOID_P = ctypes.c_void_p
@@ -41,28 +42,6 @@ def _dtype_name(dtype: Any) -> str:
             f"dtype must be FP32 or FP64 (or 'f32', 'f64', np.float32, ...), got {dtype!r}"
         )
     return "f32" if parsed is DataType.FP32 else "f64"
-
-
-def _pointer(name: str, array: Any, dtype: np.dtype[Any], needed: int, writable: bool) -> int:
-    if not isinstance(array, np.ndarray):
-        raise ExecutionError(
-            f"{name} must be a NumPy array of {dtype.name}, got {type(array).__name__}"
-        )
-    if array.dtype != dtype:
-        raise ExecutionError(f"{name} has dtype {array.dtype}, the kernel needs {dtype.name}")
-    if not (array.flags.c_contiguous or array.flags.f_contiguous):
-        raise ExecutionError(
-            f"{name} must be C- or F-contiguous (the kernel addresses its "
-            f"element buffer); pass np.ascontiguousarray({name})"
-        )
-    if array.size < needed:
-        raise ExecutionError(
-            f"{name} holds {array.size} elements but the kernel reaches "
-            f"{needed}; pass an array with at least {needed} elements"
-        )
-    if writable and not array.flags.writeable:
-        raise ExecutionError(f"{name} is read-only but the kernel writes it")
-    return int(array.__array_interface__["data"][0])
 
 
 class Kernel:
@@ -84,10 +63,11 @@ class Kernel:
         signature = ctypes.CFUNCTYPE(None, *([_VOID_P] * self.pointers))
         self._call = signature(self.address)
         self._repeat_address = addresses.get("_repeat")
+        self._dtype = np.dtype(np.float32 if spec.dtype == "f32" else np.float64)
 
     @property
     def dtype(self) -> np.dtype[Any]:
-        return np.dtype(np.float32 if self.spec.dtype == "f32" else np.float64)
+        return self._dtype
 
     def call_addresses(self, *addresses: int) -> None:
         """Run on raw element-buffer addresses; nothing is checked."""
@@ -126,12 +106,12 @@ class BrgemmKernel(Kernel):
 
     def addresses(self, a: Any, b: Any, c: Any) -> tuple[int, int, int]:
         """Check the arrays and return their addresses."""
-        s = self.spec
-        pa = _pointer("A", a, self.dtype, s.extent_a(), False)
-        pb = _pointer("B", b, self.dtype, s.extent_b(), False)
-        pc = _pointer("C", c, self.dtype, s.extent_c(), True)
-        for name, other in (("A", a), ("B", b)):
-            if np.shares_memory(c, other):
+        s, dtype = self.spec, self._dtype
+        pa = checked_address("A", a, dtype, s.extent_a(), False)
+        pb = checked_address("B", b, dtype, s.extent_b(), False)
+        pc = checked_address("C", c, dtype, s.extent_c(), True)
+        for name, address, array in (("A", pa, a), ("B", pb, b)):
+            if overlaps(pc, c.nbytes, address, array.nbytes):
                 raise ExecutionError(f"C overlaps {name}; pass a separate output array")
         return pa, pb, pc
 
@@ -145,12 +125,12 @@ class UnaryKernel(Kernel):
     pointers = 2
 
     def addresses(self, a: Any, b: Any) -> tuple[int, int]:
-        s = self.spec
-        pb = _pointer("B", b, self.dtype, s.extent_b(), True)
+        s, dtype = self.spec, self._dtype
+        pb = checked_address("B", b, dtype, s.extent_b(), True)
         if not s.reads_a:
             return pb, pb
-        pa = _pointer("A", a, self.dtype, s.extent_a(), False)
-        if np.shares_memory(a, b):
+        pa = checked_address("A", a, dtype, s.extent_a(), False)
+        if overlaps(pa, a.nbytes, pb, b.nbytes):
             raise ExecutionError(
                 "B overlaps A; use in_place=True for an in-place ReLU, or "
                 "pass a separate output array"

@@ -61,6 +61,7 @@ class _Engine:
         backing = llvm.parse_assembly("")
         backing.triple = host.triple
         self.engine = llvm.create_mcjit_compiler(backing, target_machine(host))
+        self.engine.finalize_object()  # pays MCJIT's one-time setup here, not in a kernel load
         self.objects: list[llvm.ObjectFileRef] = []
 
     def load(self, code: bytes, symbols: list[str]) -> dict[str, int]:

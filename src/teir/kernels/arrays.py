@@ -1,0 +1,71 @@
+"""Fast access to a NumPy array's data address, and the checks every native call makes."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+
+from teir.errors import ExecutionError
+
+
+class _ArrayInterface(ctypes.Structure):
+    """NumPy's ``PyArrayInterface`` (the C struct behind ``__array_struct__``)."""
+
+    _fields_ = [
+        ("two", ctypes.c_int),
+        ("nd", ctypes.c_int),
+        ("typekind", ctypes.c_char),
+        ("itemsize", ctypes.c_int),
+        ("flags", ctypes.c_int),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("data", ctypes.c_void_p),
+        ("descr", ctypes.c_void_p),
+    ]
+
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def data_address(array: np.ndarray) -> int:
+    """The address of ``array``'s first element (about 0.5 us; ``ctypes.data`` takes 1 us)."""
+    capsule = array.__array_struct__
+    address: int | None = _ArrayInterface.from_address(_capsule_pointer(capsule, None)).data
+    return address or 0
+
+
+def checked_address(
+    name: str, array: Any, dtype: np.dtype[Any], needed: int, writable: bool
+) -> int:
+    """The data address of ``array`` after checking it can serve as ``needed`` elements of
+    ``dtype`` addressed from its first element; raises :class:`teir.ExecutionError`."""
+    if not isinstance(array, np.ndarray):
+        raise ExecutionError(
+            f"{name} must be a NumPy array of {dtype.name}, got {type(array).__name__}"
+        )
+    if array.dtype != dtype:
+        raise ExecutionError(f"{name} has dtype {array.dtype}, but {dtype.name} is needed")
+    flags = array.flags
+    if not (flags.c_contiguous or flags.f_contiguous):
+        raise ExecutionError(
+            f"{name} must be C- or F-contiguous (its element buffer is "
+            f"addressed from the first element); pass "
+            f"np.ascontiguousarray({name})"
+        )
+    if array.size < needed:
+        raise ExecutionError(
+            f"{name} holds {array.size} elements but {needed} are reached; "
+            f"pass an array with at least {needed} elements"
+        )
+    if writable and not flags.writeable:
+        raise ExecutionError(f"{name} is read-only but it is written")
+    return data_address(array)
+
+
+def overlaps(address_a: int, bytes_a: int, address_b: int, bytes_b: int) -> bool:
+    """Whether two byte ranges overlap (exact for contiguous arrays)."""
+    return address_a < address_b + bytes_b and address_b < address_a + bytes_a
