@@ -60,7 +60,7 @@ def test_run_json(capsys):
         == 0
     )
     report = json.loads(capsys.readouterr().out)
-    assert report["backend"] == "reference"
+    assert report["backend"] == "native"
     assert report["flops"] == 536870912
     assert len(report["seconds"]) == 2
     assert report["check"]["ok"] is True
@@ -70,11 +70,14 @@ def test_run_json(capsys):
 def test_run_check_fails_loudly_on_mismatch(capsys, monkeypatch):
     from teir.cli import run_cmd
 
-    def wrong(config, in0, in1, out):
-        run_cmd.reference.execute(config, in0, in1, out)
-        out.reshape(-1)[3] += 1.0
+    def wrong(config, threads):
+        def execute(in0, in1, out):
+            run_cmd.reference.execute(config, in0, in1, out)
+            out.reshape(-1)[3] += 1.0
 
-    monkeypatch.setitem(run_cmd.BACKENDS, "reference", wrong)
+        return execute
+
+    monkeypatch.setitem(run_cmd.BACKENDS, "native", wrong)
     assert main(["run", str(EXAMPLES / "lab1_gemm.json"), "--check", "--repeat", "1"]) == 1
     captured = capsys.readouterr()
     assert "MISMATCH" in captured.out

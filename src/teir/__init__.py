@@ -36,6 +36,7 @@ from teir.ir import (
     load_all,
     save,
 )
+from teir.runtime.operation import Operation, compile
 from teir.validate import RULES
 
 __version__ = "0.1.0"
@@ -47,6 +48,7 @@ __all__ = [
     "DimType",
     "ExecType",
     "ExecutionError",
+    "Operation",
     "PrimFirst",
     "PrimLast",
     "PrimMain",
@@ -57,6 +59,7 @@ __all__ = [
     "ValidationError",
     "Violation",
     "__version__",
+    "compile",
     "load",
     "load_all",
     "reference",

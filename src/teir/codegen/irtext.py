@@ -147,3 +147,46 @@ class FunctionBuilder:
         self.lines[phi_at:phi_at] = phis
         self.start_block(exit_label)
         return list(results)
+
+    def range_loop(
+        self, start: str | int, end: str | int, body: Callable[[str], None], hint: str = "r"
+    ) -> None:
+        """A loop over ``i`` in ``range(start, end)`` (signed i64 bounds, possibly empty)."""
+        before = self.block
+        header = self.label(f"{hint}.body")
+        exit_label = self.label(f"{hint}.exit")
+        empty = self.assign(f"icmp sge i64 {start}, {end}", "c")
+        self.emit(f"br i1 {empty}, label %{exit_label}, label %{header}")
+        self.start_block(header)
+        phi_at = len(self.lines)
+        index = self.tmp(f"{hint}.i")
+        body(index)
+        latch = self.block
+        following = self.assign(f"add nsw i64 {index}, 1", "i")
+        again = self.assign(f"icmp slt i64 {following}, {end}", "c")
+        self.emit(f"br i1 {again}, label %{header}, label %{exit_label}")
+        self.lines.insert(
+            phi_at, f"  {index} = phi i64 [{start}, %{before}], [{following}, %{latch}]"
+        )
+        self.start_block(exit_label)
+
+    def when(
+        self,
+        condition: str,
+        body: Callable[[], None],
+        otherwise: Callable[[], None] | None = None,
+        hint: str = "if",
+    ) -> None:
+        """``if condition: body() else: otherwise()`` (condition is an i1 value)."""
+        then_label = self.label(f"{hint}.then")
+        else_label = self.label(f"{hint}.else")
+        done_label = self.label(f"{hint}.done")
+        self.emit(f"br i1 {condition}, label %{then_label}, label %{else_label}")
+        self.start_block(then_label)
+        body()
+        self.emit(f"br label %{done_label}")
+        self.start_block(else_label)
+        if otherwise is not None:
+            otherwise()
+        self.emit(f"br label %{done_label}")
+        self.start_block(done_label)

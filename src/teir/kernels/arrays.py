@@ -31,10 +31,16 @@ _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 
+# PyArrayInterface flags (numpy/ndarraytypes.h).
+_C_CONTIGUOUS = 0x1
+_F_CONTIGUOUS = 0x2
+_WRITEABLE = 0x400
+
+
 def data_address(array: np.ndarray) -> int:
     """The address of ``array``'s first element (about 0.5 us; ``ctypes.data`` takes 1 us)."""
-    capsule = array.__array_struct__
-    address: int | None = _ArrayInterface.from_address(_capsule_pointer(capsule, None)).data
+    interface = _ArrayInterface.from_address(_capsule_pointer(array.__array_struct__, None))
+    address: int | None = interface.data
     return address or 0
 
 
@@ -47,10 +53,12 @@ def checked_address(
         raise ExecutionError(
             f"{name} must be a NumPy array of {dtype.name}, got {type(array).__name__}"
         )
-    if array.dtype != dtype:
+    if array.dtype is not dtype and array.dtype != dtype:
         raise ExecutionError(f"{name} has dtype {array.dtype}, but {dtype.name} is needed")
-    flags = array.flags
-    if not (flags.c_contiguous or flags.f_contiguous):
+    # One read of NumPy's array interface gives the address and the flags.
+    interface = _ArrayInterface.from_address(_capsule_pointer(array.__array_struct__, None))
+    flags = interface.flags
+    if not flags & (_C_CONTIGUOUS | _F_CONTIGUOUS):
         raise ExecutionError(
             f"{name} must be C- or F-contiguous (its element buffer is "
             f"addressed from the first element); pass "
@@ -61,9 +69,10 @@ def checked_address(
             f"{name} holds {array.size} elements but {needed} are reached; "
             f"pass an array with at least {needed} elements"
         )
-    if writable and not flags.writeable:
+    if writable and not flags & _WRITEABLE:
         raise ExecutionError(f"{name} is read-only but it is written")
-    return data_address(array)
+    address: int | None = interface.data
+    return address or 0
 
 
 def overlaps(address_a: int, bytes_a: int, address_b: int, bytes_b: int) -> bool:

@@ -1,0 +1,183 @@
+"""LLVM IR for a whole loop nest: one function with the tile primitives inlined.
+
+The function is ``void nest(ptr in0, ptr in1, ptr out, i64 lo, i64 hi, ptr first, ptr last)``.
+The parallel loops of the nest form one flattened index space (row-major in nest order); a call
+runs the whole nest for the part ``[lo, hi)`` of it, so threads can share the work while every
+output tile keeps its order of K accesses. ``first``/``last`` are per-iteration flag arrays,
+used only when first/last accesses are tracked (otherwise they may be null).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from math import prod
+
+from teir.codegen.brgemm import brgemm_function
+from teir.codegen.generic import GenericSpec, generic_function
+from teir.codegen.irtext import FunctionBuilder, Module, scalar_type
+from teir.codegen.specs import BrgemmSpec, UnarySpec
+from teir.codegen.target import Target
+from teir.codegen.unary import unary_function
+from teir.ir import DimType
+from teir.lower.nest import Access, LoopNest
+from teir.lower.tiles import TileOp
+
+Offsets = tuple[str | int, str | int, str | int]
+
+
+def _tile_op_function(op: TileOp, target: Target, module: Module, name: str) -> None:
+    """``void name(ptr in0, ptr in1, ptr out)``: the op's kernel inside its tile loops."""
+    kernel = f"{name}.kernel"
+    spec = op.spec
+    if isinstance(spec, BrgemmSpec):
+        brgemm_function(spec, target, module, kernel, linkage="internal", attributes="alwaysinline")
+    elif isinstance(spec, UnarySpec):
+        unary_function(spec, target, module, kernel, linkage="internal", attributes="alwaysinline")
+    else:
+        assert isinstance(spec, GenericSpec)
+        generic_function(spec, module, kernel, linkage="internal", attributes="alwaysinline")
+    t = scalar_type(spec.itemsize)
+    f = FunctionBuilder(
+        module, f"define internal void @{name}(ptr %in0, ptr %in1, ptr %out) alwaysinline nounwind"
+    )
+    bases = ("%in0", "%in1", "%out")
+
+    def call(offsets: Offsets) -> None:
+        pointers = [f.gep(t, bases[tensor.value], offsets[tensor.value]) for tensor in op.operands]
+        f.emit(f"call void @{kernel}({', '.join(f'ptr {p}' for p in pointers)})")
+
+    def nested(level: int, offsets: Offsets) -> None:
+        if level == len(op.loops):
+            call(offsets)
+            return
+        loop = op.loops[level]
+
+        def body(index: str, _: list[str]) -> list[str]:
+            nested(
+                level + 1,
+                tuple(
+                    f.add_i64(o, f.mul_i64(index, s))  # type: ignore[arg-type]
+                    for o, s in zip(offsets, loop.strides)
+                ),
+            )
+            return []
+
+        f.loop(loop.size, [], body, "tl")
+
+    nested(0, (0, 0, 0))
+    f.finish()
+
+
+def nest_function(nest: LoopNest, target: Target, module: Module, name: str) -> None:
+    """Add the nest function ``name`` (and its tile primitives) to ``module``."""
+    ops: dict[str, str] = {}
+    for role in ("first", "main", "main_zero", "last"):
+        op: TileOp | None = getattr(nest, role)
+        if op is not None:
+            ops[role] = f"{name}.{role}"
+            _tile_op_function(op, target, module, ops[role])
+    t = scalar_type(nest.config.data_type.itemsize)
+    f = FunctionBuilder(
+        module,
+        f"define void @{name}(ptr noalias %in0, ptr noalias %in1, "
+        "ptr noalias %out, i64 %lo, i64 %hi, ptr %first, ptr %last) "
+        "nounwind",
+    )
+    loops = nest.loops
+    sizes_after = [prod(loop.size for loop in loops[i + 1 :]) for i in range(len(loops))]
+    parallel_after = [
+        prod(loop.size for loop in loops[i + 1 :] if loop.parallel) for i in range(len(loops))
+    ]
+
+    def call(role: str, offsets: Offsets) -> None:
+        pointers = [f.gep(t, base, offsets[i]) for i, base in enumerate(("%in0", "%in1", "%out"))]
+        f.emit(f"call void @{ops[role]}({', '.join(f'ptr {p}' for p in pointers)})")
+
+    def k_condition(indices: list[str | int], at_end: bool) -> str | None:
+        """i1 that is true when every K loop index is 0 (or maximal); None if no K loop."""
+        terms = []
+        for loop, index in zip(loops, indices):
+            if loop.dim_type is DimType.K:
+                bound = loop.size - 1 if at_end else 0
+                terms.append(f.assign(f"icmp eq i64 {index}, {bound}", "c"))
+        if not terms:
+            return None
+        result = terms[0]
+        for term in terms[1:]:
+            result = f.assign(f"and i1 {result}, {term}", "c")
+        return result
+
+    def flag(array: str, iteration: str | int) -> str:
+        pointer = f.gep("i8", array, iteration)
+        value = f.assign(f"load i8, ptr {pointer}, align 1", "s")
+        return f.assign(f"icmp ne i8 {value}, 0", "c")
+
+    def guarded(
+        condition: str | None, body: Callable[[], None], otherwise: Callable[[], None] | None = None
+    ) -> None:
+        if condition is None:  # always true
+            body()
+        else:
+            f.when(condition, body, otherwise)
+
+    def innermost(offsets: Offsets, indices: list[str | int]) -> None:
+        first_condition = last_condition = None
+        if nest.access is Access.K_INDICES:
+            first_condition = k_condition(indices, at_end=False)
+            last_condition = k_condition(indices, at_end=True)
+        elif nest.access is Access.TRACKED:
+            iteration: str | int = 0
+            for index, stride in zip(indices, sizes_after):
+                iteration = f.add_i64(iteration, f.mul_i64(index, stride))  # type: ignore[arg-type]
+            first_condition = flag("%first", iteration)
+            last_condition = flag("%last", iteration)
+        if "main_zero" in ops:
+            guarded(
+                first_condition,
+                lambda: call("main_zero", offsets),
+                (lambda: call("main", offsets)) if first_condition is not None else None,
+            )
+        else:
+            if "first" in ops:
+                guarded(first_condition, lambda: call("first", offsets))
+            if "main" in ops:
+                call("main", offsets)
+        if "last" in ops:
+            guarded(last_condition, lambda: call("last", offsets))
+
+    def level(depth: int, offsets: Offsets, indices: list[str | int], prefix: str | int) -> None:
+        if depth == len(loops):
+            innermost(offsets, indices)
+            return
+        loop = loops[depth]
+
+        def descend(index: str, prefix: str | int) -> None:
+            moved = tuple(f.add_i64(o, f.mul_i64(index, s)) for o, s in zip(offsets, loop.strides))
+            level(depth + 1, moved, [*indices, index], prefix)  # type: ignore[arg-type]
+
+        if not loop.parallel:
+
+            def body(index: str, _: list[str]) -> list[str]:
+                descend(index, prefix)
+                return []
+
+            f.loop(loop.size, [], body, f"l{loop.axis}")
+            return
+        # The part of this loop's range whose flattened block intersects [lo, hi).
+        inner = parallel_after[depth]
+        base = f.mul_i64(prefix, loop.size)
+        low = f.assign(f"udiv i64 %lo, {inner}", "i") if inner > 1 else "%lo"
+        low = f.assign(f"sub i64 {low}, {base}", "i") if base != 0 else low
+        low = f.assign(f"call i64 @llvm.smax.i64(i64 {low}, i64 0)", "i")
+        high = f.assign(f"add i64 %hi, {inner - 1}", "i") if inner > 1 else "%hi"
+        high = f.assign(f"udiv i64 {high}, {inner}", "i") if inner > 1 else high
+        high = f.assign(f"sub i64 {high}, {base}", "i") if base != 0 else high
+        high = f.assign(f"call i64 @llvm.smin.i64(i64 {high}, i64 {loop.size})", "i")
+        f.range_loop(
+            low, high, lambda index: descend(index, f.add_i64(base, index)), f"p{loop.axis}"
+        )
+
+    module.declare("smax", "declare i64 @llvm.smax.i64(i64, i64)")
+    module.declare("smin", "declare i64 @llvm.smin.i64(i64, i64)")
+    level(0, (0, 0, 0), [], 0)
+    f.finish()

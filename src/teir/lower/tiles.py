@@ -1,0 +1,248 @@
+"""Choosing the kernel for each primitive of a configuration from the strides of its tile.
+
+A tile primitive becomes a BRGEMM or unary kernel when its strides fit a kernel layout (a unit
+stride where the kernel needs one, leading dimensions that keep columns apart), possibly inside
+a few loops over tile axes the kernel does not cover; otherwise it becomes the generic scalar
+primitive, and the reason is recorded for ``explain()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from teir.codegen.generic import GenericAxis, GenericSpec
+from teir.codegen.specs import BrgemmSpec, KernelError, UnaryOp, UnarySpec
+from teir.ir import Config, DimType, ExecType, PrimMain, Schedule, Tensor
+from teir.ir.layout import is_injective
+
+
+@dataclass(frozen=True)
+class TileLoop:
+    """A loop inside a tile primitive, around its kernel: size and stride per tensor."""
+
+    size: int
+    strides: tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class TileOp:
+    """One primitive applied to a tile.
+
+    ``spec`` is the kernel; ``operands`` says which tensor's tile pointer feeds each kernel
+    argument (BRGEMM: A, B, C; unary: A, B; generic: in0, in1, out); ``loops`` run around it.
+    """
+
+    spec: BrgemmSpec | UnarySpec | GenericSpec
+    operands: tuple[Tensor, ...]
+    loops: tuple[TileLoop, ...] = ()
+    note: str = ""
+
+    @property
+    def kind(self) -> str:
+        if isinstance(self.spec, BrgemmSpec):
+            return "brgemm"
+        return "unary" if isinstance(self.spec, UnarySpec) else "generic"
+
+    def describe(self) -> str:
+        text = self.spec.name
+        if self.loops:
+            text += " inside loops " + " x ".join(str(loop.size) for loop in self.loops)
+        if self.operands and self.kind == "brgemm" and self.operands[0] is Tensor.IN1:
+            text += " (operands swapped: out has unit stride on N)"
+        return text + (f" [generic: {self.note}]" if self.note else "")
+
+
+@dataclass(frozen=True)
+class _Axis:
+    size: int
+    strides: tuple[int, int, int]
+    dim_type: DimType
+
+
+def _dtype(config: Config) -> str:
+    return "f32" if config.data_type.itemsize == 4 else "f64"
+
+
+def _prim_axes(schedule: Schedule, types: tuple[DimType, ...]) -> list[_Axis]:
+    return [
+        _Axis(
+            schedule.dim_sizes[a],
+            tuple(schedule.strides(t)[a] for t in Tensor),
+            schedule.dim_types[a],
+        )  # type: ignore[arg-type]
+        for a in schedule.prim_axes
+        if schedule.dim_types[a] in types
+    ]
+
+
+def _generic(config: Config, op: str, axes: list[_Axis], note: str) -> TileOp:
+    generic_axes = tuple(
+        GenericAxis(a.size, *a.strides, summed=a.dim_type is DimType.K) for a in axes
+    )
+    return TileOp(
+        GenericSpec(_dtype(config), op, generic_axes),
+        (Tensor.IN0, Tensor.IN1, Tensor.OUT),
+        note=note,
+    )
+
+
+def _injective(axes: list[_Axis], tensor: Tensor) -> bool:
+    return bool(is_injective([a.size for a in axes], [a.strides[tensor.value] for a in axes]))
+
+
+def contraction_op(config: Config, beta: int) -> TileOp:
+    """The GEMM/BRGEMM of ``config`` as a kernel on its tile (``beta=0`` fuses a Zero)."""
+    s = config.schedule
+    axes = _prim_axes(s, (DimType.M, DimType.N, DimType.K))
+    m_axis = next(a for a in axes if a.dim_type is DimType.M)
+    n_axis = next(a for a in axes if a.dim_type is DimType.N)
+    k_axes = [a for a in axes if a.dim_type is DimType.K]  # BRGEMM: batch-reduce axis first
+    if not _injective([m_axis, n_axis], Tensor.OUT):
+        return _generic(config, "contract", axes, "the output tile aliases itself")
+    for swapped in (False, True):
+        op = _brgemm(config, m_axis, n_axis, k_axes, beta, swapped)
+        if op is not None:
+            return op
+    return _generic(
+        config,
+        "contract",
+        axes,
+        "no unit stride fits a kernel layout (out needs unit stride on M or N, "
+        "in0/in1 on M or K / K or N)",
+    )
+
+
+def _unit(axis: _Axis, tensor: Tensor) -> bool:
+    return axis.size == 1 or axis.strides[tensor.value] == 1
+
+
+def _brgemm(
+    config: Config, m_axis: _Axis, n_axis: _Axis, k_axes: list[_Axis], beta: int, swapped: bool
+) -> TileOp | None:
+    """A BRGEMM kernel for the tile if its strides fit one of the kernel layouts."""
+    # Swapped: C^T = B^T A^T, so the kernel's M is the config's N and A is in1.
+    if swapped:
+        m_axis, n_axis = n_axis, m_axis
+        a_tensor, b_tensor = Tensor.IN1, Tensor.IN0
+    else:
+        a_tensor, b_tensor = Tensor.IN0, Tensor.IN1
+    k_axis = k_axes[-1]
+    m, n, k = m_axis.size, n_axis.size, k_axis.size
+    if not _unit(m_axis, Tensor.OUT):
+        return None
+    ldc = n_axis.strides[Tensor.OUT.value] if n > 1 else m
+    a, b = a_tensor.value, b_tensor.value
+    # (transposed, leading dimension) candidates: unit stride on the row index, or on the
+    # column index (a transposed operand); a size-1 dimension's stride does not matter.
+    a_layouts = []
+    if _unit(m_axis, a_tensor):
+        a_layouts.append((False, k_axis.strides[a] if k > 1 else m))
+    if _unit(k_axis, a_tensor):
+        a_layouts.append((True, m_axis.strides[a] if m > 1 else k))
+    b_layouts = []
+    if _unit(k_axis, b_tensor):
+        b_layouts.append((False, n_axis.strides[b] if n > 1 else k))
+    if _unit(n_axis, b_tensor):
+        b_layouts.append((True, k_axis.strides[b] if k > 1 else n))
+    batch, stride_a, stride_b = 1, 0, 0
+    if len(k_axes) == 2:
+        batch = k_axes[0].size
+        stride_a, stride_b = k_axes[0].strides[a], k_axes[0].strides[b]
+    for trans_a, lda in a_layouts:
+        for trans_b, ldb in b_layouts:
+            try:
+                spec = BrgemmSpec(
+                    _dtype(config),
+                    m,
+                    n,
+                    k,
+                    batch,
+                    trans_a,
+                    trans_b,
+                    lda,
+                    ldb,
+                    ldc,
+                    stride_a,
+                    stride_b,
+                    beta,
+                )
+            except KernelError:
+                continue  # leading dimensions that let columns overlap
+            return TileOp(spec, (a_tensor, b_tensor, Tensor.OUT))
+    return None
+
+
+def _fuse(axes: list[_Axis], tensors: tuple[Tensor, ...]) -> list[_Axis]:
+    """Drop size-1 axes, order by out stride and merge neighbours that are stride-coherent in
+    every tensor of ``tensors`` (outer stride = inner size * inner stride)."""
+    out = Tensor.OUT.value
+    remaining = sorted((a for a in axes if a.size > 1), key=lambda a: a.strides[out])
+    fused: list[_Axis] = []
+    for axis in remaining:
+        if fused:
+            inner = fused[-1]
+            if all(axis.strides[t.value] == inner.size * inner.strides[t.value] for t in tensors):
+                fused[-1] = _Axis(inner.size * axis.size, inner.strides, inner.dim_type)
+                continue
+        fused.append(axis)
+    return fused
+
+
+def unary_op(config: Config, op: UnaryOp, in_place: bool) -> TileOp:
+    """Zero or in-place ReLU on the output tile (``in_place``), or Copy/ReLU from in0."""
+    s = config.schedule
+    axes = _prim_axes(s, (DimType.C, DimType.M, DimType.N))
+    generic_op = {
+        UnaryOp.ZERO: "zero",
+        UnaryOp.COPY: "copy",
+        UnaryOp.RELU: "relu_inplace" if in_place else "relu",
+    }[op]
+    tensors = (Tensor.OUT,) if in_place or op is UnaryOp.ZERO else (Tensor.IN0, Tensor.OUT)
+    if not _injective(axes, Tensor.OUT):
+        return _generic(config, generic_op, axes, "the output tile aliases itself")
+    fused = _fuse(axes, tensors)
+    out, src = Tensor.OUT.value, Tensor.IN0.value
+    dtype = _dtype(config)
+    if not fused:
+        spec = UnarySpec(dtype, op, 1, 1, in_place=in_place and op is UnaryOp.RELU)
+        return TileOp(spec, (Tensor.IN0, Tensor.OUT) if spec.reads_a else (Tensor.OUT, Tensor.OUT))
+    row = fused[0]
+    if row.strides[out] != 1:
+        return _generic(config, generic_op, axes, "out has no unit stride in the tile")
+    column = fused[1] if len(fused) > 1 else None
+    loops = tuple(TileLoop(a.size, a.strides) for a in reversed(fused[2:]))
+    m = row.size
+    n = column.size if column else 1
+    ldb = column.strides[out] if column else m
+    reads = op is not UnaryOp.ZERO and not in_place
+    trans_a, lda = False, 0
+    if reads:
+        if row.strides[src] == 1:
+            lda = column.strides[src] if column else m
+        elif column is not None and column.strides[src] == 1:
+            trans_a, lda = True, row.strides[src]
+        else:
+            return _generic(config, generic_op, axes, "in0 has no unit stride in the tile")
+    try:
+        spec = UnarySpec(dtype, op, m, n, lda, ldb, trans_a, in_place and op is UnaryOp.RELU)
+    except KernelError:
+        return _generic(config, generic_op, axes, "leading dimensions let columns overlap")
+    operands = (Tensor.IN0, Tensor.OUT) if reads else (Tensor.OUT, Tensor.OUT)
+    return TileOp(spec, operands, loops)
+
+
+def main_op(config: Config, fuse_zero: bool) -> tuple[TileOp | None, TileOp | None]:
+    """The main primitive as (accumulating op, op with a fused Zero or None)."""
+    main = config.prim_main
+    if main.is_contraction:
+        return contraction_op(config, 1), contraction_op(config, 0) if fuse_zero else None
+    if main is PrimMain.COPY:
+        return unary_op(config, UnaryOp.COPY, False), None
+    if main is PrimMain.RELU:
+        return unary_op(config, UnaryOp.RELU, False), None
+    return None, None
+
+
+def tile_is_prim_only(config: Config) -> bool:
+    """Whether every axis is prim (the whole operation is one tile)."""
+    return all(e is ExecType.PRIM for e in config.exec_types)

@@ -1,0 +1,1 @@
+"""Running compiled operations: argument checks, the thread pool, the Operation object."""

@@ -1,0 +1,219 @@
+"""``teir.compile``: a configuration as one native function, called on NumPy arrays.
+
+>>> import numpy as np, teir
+>>> cfg = teir.Config(
+...     data_type="FP32", prim_first="Zero", prim_main="GEMM", prim_last="ReLU",
+...     dim_types=["M", "N", "K"], exec_types=["prim"] * 3, dim_sizes=[64, 48, 32],
+...     strides_in0=[1, 0, 64], strides_in1=[0, 32, 1], strides_out=[1, 64, 0])
+>>> op = teir.compile(cfg)
+>>> a, b = np.random.rand(2048).astype(np.float32), np.random.rand(1536).astype(np.float32)
+>>> c = np.empty(3072, dtype=np.float32)
+>>> op(a, b, c)
+>>> expected = np.maximum(a.reshape(32, 64).T @ b.reshape(48, 32).T, 0)
+>>> bool(np.allclose(c.reshape(48, 64).T, expected, rtol=1e-5))
+True
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any
+
+import numpy as np
+
+from teir.codegen.brgemm import choose_blocking
+from teir.codegen.irtext import Module
+from teir.codegen.nest import nest_function
+from teir.codegen.specs import BrgemmSpec
+from teir.codegen.target import Target
+from teir.errors import ExecutionError, TeirError
+from teir.explain import explain as explain_config
+from teir.ir import Config, Tensor
+from teir.kernels.arrays import checked_address, overlaps
+from teir.kernels.cache import CODE_CACHE
+from teir.lower.nest import Access, LoopNest, access_flags, lower
+from teir.lower.tiles import TileOp
+from teir.runtime.arguments import as_array
+from teir.runtime.pool import default_threads, run_all
+
+_VOID_P = ctypes.c_void_p
+_NEST_SIGNATURE = ctypes.CFUNCTYPE(
+    None, _VOID_P, _VOID_P, _VOID_P, ctypes.c_int64, ctypes.c_int64, _VOID_P, _VOID_P
+)
+_NAMES = ("in0", "in1", "out")
+# Below this much work per thread, starting threads costs more than it saves.
+MIN_SECONDS_PER_THREAD = 50e-6
+
+
+class Operation:
+    """A compiled configuration. Call it as ``op(in0, in1, out)``; it writes ``out`` in place.
+
+    ``in1`` (for unary operations) and both inputs (for prim_main None) may be ``None``.
+    Arguments are NumPy arrays, or CPU tensors that export DLPack, of the configuration's
+    dtype, C- or F-contiguous, holding at least ``config.extents`` elements; the output must be
+    writable and must not overlap an input. Anything else raises :class:`teir.ExecutionError`
+    before native code runs.
+    """
+
+    def __init__(self, config: Config, threads: int, nest: LoopNest, target: Target) -> None:
+        self.config = config
+        self.threads = threads
+        self.nest = nest
+        self.target = target
+        self.flops = config.flops
+        self._dtype = config.dtype
+        self._extents = config.extents
+        self._uses = tuple(config.uses(t) for t in Tensor)
+        loaded = CODE_CACHE.get("nest\n" + nest.key, target, [""], self._generate)
+        self.origin = loaded.origin
+        self._native = _NEST_SIGNATURE(loaded.symbols[""])
+        self._flags: tuple[np.ndarray, np.ndarray] | None = None
+        self._flag_addresses = (0, 0)
+        if nest.access is Access.TRACKED:
+            self._flags = access_flags(nest)
+            self._flag_addresses = (self._flags[0].ctypes.data, self._flags[1].ctypes.data)
+        self.slices = self._slices()
+        self._parallel_size = nest.parallel_size
+
+    def _generate(self, prefix: str) -> str:
+        module = Module()
+        nest_function(self.nest, self.target, module, prefix)
+        return module.text()
+
+    def _slices(self) -> list[tuple[int, int]]:
+        """Balanced parts of the parallel index space, one per thread used."""
+        size = self.nest.parallel_size
+        work = self.flops / 50e9 + self.config.extent(Tensor.OUT) * self._dtype.itemsize / 10e9
+        count = max(1, min(self.threads, size, int(work / MIN_SECONDS_PER_THREAD)))
+        return [(i * size // count, (i + 1) * size // count) for i in range(count)]
+
+    # ---- calling ---------------------------------------------------------------------------
+    def _address(self, index: int, value: Any) -> tuple[int, int]:
+        """(data address, byte size) of a checked argument; (0, 0) for an unused input."""
+        name = _NAMES[index]
+        if not self._uses[index]:
+            if value is not None and not isinstance(value, np.ndarray):
+                as_array(name, value)  # still reject what is not a tensor at all
+            return 0, 0
+        if value is None:
+            raise ExecutionError(
+                f"{name} is needed ({self._extents[index]} elements of "
+                f"{self._dtype.name}) but None was given"
+            )
+        array = value if type(value) is np.ndarray else as_array(name, value)
+        address = checked_address(name, array, self._dtype, self._extents[index], index == 2)
+        return address, array.nbytes
+
+    def __call__(self, *tensors: Any, **named: Any) -> None:
+        if named:
+            tensors = _by_name(tensors, named)
+        if len(tensors) != 3:
+            raise ExecutionError(
+                f"expected 3 tensors (in0, in1, out), got {len(tensors)}; pass "
+                "None for an input the operation does not use"
+            )
+        in0, in1, out = tensors
+        p0, n0 = self._address(0, in0)
+        p1, n1 = self._address(1, in1)
+        po, no = self._address(2, out)
+        if (n0 and po < p0 + n0 and p0 < po + no) or (n1 and po < p1 + n1 and p1 < po + no):
+            name = "in0" if n0 and overlaps(po, no, p0, n0) else "in1"
+            raise ExecutionError(f"out overlaps {name} in memory; pass a separate output array")
+        first, last = self._flag_addresses
+        slices = self.slices
+        if len(slices) == 1:
+            self._native(p0, p1, po, 0, self._parallel_size, first, last)
+            return
+        native = self._native
+        run_all([lambda lo=lo, hi=hi: native(p0, p1, po, lo, hi, first, last) for lo, hi in slices])
+
+    # ---- reporting -------------------------------------------------------------------------
+    def explain(self, name: str | None = None) -> str:
+        """The loop nest as compiled: loops, kernels with their parameters, the thread split,
+        and every fallback taken with its reason."""
+        lines = [explain_config(self.config, name), "", "# compiled:"]
+        for loop in self.nest.loops:
+            kind = "parallel" if loop.parallel else "sequential"
+            lines.append(
+                f"#   loop axis {loop.axis} ({loop.dim_type.value}, size {loop.size}): {kind}"
+            )
+        lines.append(f"#   first/last access: {self.nest.access.value}")
+        for role in ("first", "main_zero", "main", "last"):
+            op: TileOp | None = getattr(self.nest, role)
+            if op is not None:
+                lines.append(f"#   {role}: {self._describe(op)}")
+        size = self.nest.parallel_size
+        if len(self.slices) > 1:
+            parts = ", ".join(f"[{lo}, {hi})" for lo, hi in self.slices)
+            lines.append(
+                f"#   threads: {len(self.slices)} slices of the parallel index space "
+                f"(size {size}): {parts}"
+            )
+        else:
+            why = (
+                "no parallel loop"
+                if size == 1 and not any(l.parallel for l in self.nest.loops)
+                else f"threads={self.threads}"
+                if self.threads == 1
+                else "too little work to pay for threads"
+            )
+            lines.append(f"#   threads: 1 (the calling thread; {why})")
+        lines += [f"#   note: {note}" for note in self.nest.notes]
+        lines.append(f"#   code: {self.origin}")
+        return "\n".join(lines)
+
+    def _describe(self, op: TileOp) -> str:
+        text = op.describe()
+        if isinstance(op.spec, BrgemmSpec):
+            b = choose_blocking(op.spec, self.target)
+            text += (
+                f"; {b.form} form, register block {b.vectors}x{b.lanes} x {b.columns}, "
+                f"batch chunk {b.chunk}"
+            )
+        return text
+
+    def __repr__(self) -> str:
+        return (
+            f"<teir.Operation {self.config.prim_main.value} {self.config.dim_sizes}, "
+            f"{len(self.slices)} thread(s)>"
+        )
+
+
+def _by_name(tensors: tuple[Any, ...], named: dict[str, Any]) -> tuple[Any, ...]:
+    unknown = sorted(set(named) - {"in0", "in1", "out"})
+    if unknown:
+        raise ExecutionError(f"unknown tensor names {unknown}; use in0, in1, out")
+    values = list(tensors) + [None] * (3 - len(tensors)) if len(tensors) <= 3 else list(tensors)
+    for index, name in enumerate(("in0", "in1", "out")):
+        if name in named:
+            if index < len(tensors):
+                raise ExecutionError(f"{name} was given twice")
+            values[index] = named[name]
+    return tuple(values)
+
+
+_operations: dict[tuple[Config, int], Operation] = {}
+_operations_lock = threading.Lock()
+
+
+def compile(config: Config, threads: int | None = None) -> Operation:
+    """Compile ``config`` into an :class:`Operation` (cached by configuration and threads).
+
+    ``threads`` defaults to ``TEIR_NUM_THREADS`` or the cores this process may use.
+    """
+    if not isinstance(config, Config):
+        raise TeirError(f"expected a teir.Config, got {type(config).__name__}")
+    if threads is None:
+        threads = default_threads()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise TeirError(f"threads must be a positive integer, got {threads!r}")
+    key = (config, threads)
+    operation = _operations.get(key)
+    if operation is None:
+        with _operations_lock:
+            operation = _operations.get(key)
+            if operation is None:
+                operation = Operation(config, threads, lower(config), Target.host())
+                _operations[key] = operation
+    return operation
