@@ -8,6 +8,7 @@ elements alias.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from teir.codegen.irtext import FunctionBuilder, Module, scalar_type
@@ -26,6 +27,7 @@ class GenericAxis:
     summed: bool = False
 
 
+Offsets = tuple[str | int, str | int, str | int]
 GENERIC_OPS = ("contract", "copy", "relu", "zero", "relu_inplace")
 
 
@@ -77,19 +79,20 @@ def generic_function(
 
     def over(
         axes: list[GenericAxis],
-        offsets: tuple[str | int, str | int, str | int],
-        body,
+        offsets: Offsets,
+        body: Callable[[Offsets, list[str]], list[str]],
         carried: list[tuple[str, str]],
-    ) -> list[str]:  # type: ignore[no-untyped-def]
+    ) -> list[str]:
         """Nested loops over ``axes`` (first = outermost) with running offsets."""
         if not axes:
             return body(offsets, [value for _, value in carried])
         axis, rest = axes[0], axes[1:]
 
         def loop_body(index: str, values: list[str]) -> list[str]:
-            moved = tuple(
-                f.add_i64(o, f.mul_i64(index, s))
-                for o, s in zip(offsets, (axis.in0, axis.in1, axis.out))
+            moved = (
+                f.add_i64(offsets[0], f.mul_i64(index, axis.in0)),
+                f.add_i64(offsets[1], f.mul_i64(index, axis.in1)),
+                f.add_i64(offsets[2], f.mul_i64(index, axis.out)),
             )
             return over(rest, moved, body, [(kind, v) for (kind, _), v in zip(carried, values)])
 

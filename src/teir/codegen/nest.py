@@ -128,7 +128,7 @@ def nest_function(nest: LoopNest, target: Target, module: Module, name: str) -> 
         elif nest.access is Access.TRACKED:
             iteration: str | int = 0
             for index, stride in zip(indices, sizes_after):
-                iteration = f.add_i64(iteration, f.mul_i64(index, stride))  # type: ignore[arg-type]
+                iteration = f.add_i64(iteration, f.mul_i64(index, stride))
             first_condition = flag("%first", iteration)
             last_condition = flag("%last", iteration)
         if "main_zero" in ops:

@@ -85,6 +85,10 @@ class Schedule:
         """The strides of ``tensor`` (in elements)."""
         return (self.strides_in0, self.strides_in1, self.strides_out)[tensor.value]
 
+    def axis_strides(self, axis: int) -> tuple[int, int, int]:
+        """The strides of (in0, in1, out) on ``axis``."""
+        return (self.strides_in0[axis], self.strides_in1[axis], self.strides_out[axis])
+
     @property
     def prim_axes(self) -> tuple[int, ...]:
         """Indices of the axes consumed by the primitive, in listed order."""

@@ -123,14 +123,14 @@ def lower(config: Config) -> LoopNest:
             a,
             s.dim_sizes[a],
             s.dim_types[a],
-            tuple(s.strides(t)[a] for t in Tensor),  # type: ignore[arg-type]
+            s.axis_strides(a),
             a in parallel,
         )
         for a in s.loop_axes
     )
-    for op in (first, main, main_zero, last):
-        if op is not None and op.note:
-            notes.append(f"{op.spec.name}: generic scalar primitive because {op.note}")
+    for tile_op in (first, main, main_zero, last):
+        if tile_op is not None and tile_op.note:
+            notes.append(f"{tile_op.spec.name}: generic scalar primitive because {tile_op.note}")
     return LoopNest(config, loops, first, main, main_zero, last, access, tuple(notes))
 
 

@@ -65,11 +65,7 @@ def _dtype(config: Config) -> str:
 
 def _prim_axes(schedule: Schedule, types: tuple[DimType, ...]) -> list[_Axis]:
     return [
-        _Axis(
-            schedule.dim_sizes[a],
-            tuple(schedule.strides(t)[a] for t in Tensor),
-            schedule.dim_types[a],
-        )  # type: ignore[arg-type]
+        _Axis(schedule.dim_sizes[a], schedule.axis_strides(a), schedule.dim_types[a])
         for a in schedule.prim_axes
         if schedule.dim_types[a] in types
     ]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -125,8 +126,7 @@ class Operation:
         if len(slices) == 1:
             self._native(p0, p1, po, 0, self._parallel_size, first, last)
             return
-        native = self._native
-        run_all([lambda lo=lo, hi=hi: native(p0, p1, po, lo, hi, first, last) for lo, hi in slices])
+        run_all([partial(self._native, p0, p1, po, lo, hi, first, last) for lo, hi in slices])
 
     # ---- reporting -------------------------------------------------------------------------
     def explain(self, name: str | None = None) -> str:
@@ -139,8 +139,11 @@ class Operation:
                 f"#   loop axis {loop.axis} ({loop.dim_type.value}, size {loop.size}): {kind}"
             )
         lines.append(f"#   first/last access: {self.nest.access.value}")
+        always_first = self.nest.access is Access.ALWAYS
         for role in ("first", "main_zero", "main", "last"):
             op: TileOp | None = getattr(self.nest, role)
+            if role == "main" and always_first and self.nest.main_zero is not None:
+                continue  # never called: every iteration is a first access
             if op is not None:
                 lines.append(f"#   {role}: {self._describe(op)}")
         size = self.nest.parallel_size
@@ -151,13 +154,12 @@ class Operation:
                 f"(size {size}): {parts}"
             )
         else:
-            why = (
-                "no parallel loop"
-                if size == 1 and not any(l.parallel for l in self.nest.loops)
-                else f"threads={self.threads}"
-                if self.threads == 1
-                else "too little work to pay for threads"
-            )
+            if not any(loop.parallel for loop in self.nest.loops):
+                why = "no parallel loop"
+            elif self.threads == 1:
+                why = "threads=1"
+            else:
+                why = "too little work to pay for threads"
             lines.append(f"#   threads: 1 (the calling thread; {why})")
         lines += [f"#   note: {note}" for note in self.nest.notes]
         lines.append(f"#   code: {self.origin}")
