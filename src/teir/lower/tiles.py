@@ -146,6 +146,8 @@ def _brgemm(
         stride_a, stride_b = k_axes[0].strides[a], k_axes[0].strides[b]
     for trans_a, lda in a_layouts:
         for trans_b, ldb in b_layouts:
+            if 0 in (lda, ldb, ldc):
+                continue  # a zero stride (broadcast) is no leading dimension (0 means tight)
             try:
                 spec = BrgemmSpec(
                     _dtype(config),
@@ -219,6 +221,8 @@ def unary_op(config: Config, op: UnaryOp, in_place: bool) -> TileOp:
             trans_a, lda = True, row.strides[src]
         else:
             return _generic(config, generic_op, axes, "in0 has no unit stride in the tile")
+    if ldb == 0 or (reads and lda == 0):
+        return _generic(config, generic_op, axes, "a zero stride (broadcast) in the tile")
     try:
         spec = UnarySpec(dtype, op, m, n, lda, ldb, trans_a, in_place and op is UnaryOp.RELU)
     except KernelError:
