@@ -6,15 +6,15 @@ import threading
 
 import numpy as np
 import pytest
-from helpers import EXAMPLES, operands
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from naive import assert_matches_naive, naive_execute
-from strategies import broken_configs, configs
-from test_reference import VARIANTS, trus_config
 
 import teir
+from helpers import EXAMPLES, operands
+from naive import assert_matches_naive, naive_execute
+from strategies import broken_configs, configs
 from teir import reference
+from test_reference import VARIANTS, trus_config
 
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.json"))
 
@@ -31,13 +31,15 @@ def run_both(config: teir.Config, threads: int, seed: int = 0):
 
 def assert_close(config: teir.Config, got, expected, terms: int = 1) -> None:
     eps = float(np.finfo(config.dtype).eps)
-    np.testing.assert_allclose(got, expected, rtol=8 * eps * (terms + 2),
-                               atol=8 * eps * (terms + 2))
+    np.testing.assert_allclose(
+        got, expected, rtol=8 * eps * (terms + 2), atol=8 * eps * (terms + 2)
+    )
 
 
 def k_terms(config: teir.Config) -> int:
-    return int(np.prod([n for n, t in zip(config.dim_sizes, config.dim_types)
-                        if t is teir.DimType.K]))
+    return int(
+        np.prod([n for n, t in zip(config.dim_sizes, config.dim_types) if t is teir.DimType.K])
+    )
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -62,8 +64,9 @@ def test_trus_family_equals_reference(variant, first, last, shared, threads):
 def test_lab_configurations_with_shared_axes(dtype, threads):
     for name in ("lab1_gemm", "lab2_brgemm", "lab3_zero_brgemm_relu"):
         config = teir.load(EXAMPLES / f"{name}.json")
-        config = config.replace(data_type=dtype,
-                                exec_types=["shared", "shared", *config.exec_types[2:]])
+        config = config.replace(
+            data_type=dtype, exec_types=["shared", "shared", *config.exec_types[2:]]
+        )
         got, expected, _ = run_both(config, threads)
         assert_close(config, got, expected, k_terms(config))
         op = teir.compile(config, threads=threads)
@@ -83,13 +86,15 @@ def test_generated_configs_equal_einsum(data, threads, seed):
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(configs(max_dims=5, max_size=4, aliasing=True), st.sampled_from([1, 3]),
-       st.integers(0, 2**31))
+@given(
+    configs(max_dims=5, max_size=4, aliasing=True), st.sampled_from([1, 3]), st.integers(0, 2**31)
+)
 def test_generated_aliasing_configs_equal_naive_interpreter(data, threads, seed):
     config = teir.Config.from_dict(data)
     in0, in1, out = operands(config, seed)
-    naive = naive_execute(data, [] if in0 is None else list(in0),
-                          [] if in1 is None else list(in1), list(out))
+    naive = naive_execute(
+        data, [] if in0 is None else list(in0), [] if in1 is None else list(in1), list(out)
+    )
     teir.compile(config, threads=threads)(in0, in1, out)
     assert_matches_naive(data, out, naive, config.dtype)
 
@@ -103,9 +108,11 @@ def prime_sized(draw):
     data["dim_sizes"] = [draw(PRIMES) for _ in data["dim_sizes"]]
     # Recompute dense strides for the new sizes: a fresh layout for each tensor.
     for tensor, name in enumerate(("strides_in0", "strides_in1", "strides_out")):
-        members = [a for a, t in enumerate(data["dim_types"])
-                   if {"C": (1, 1, 1), "M": (1, 0, 1), "N": (0, 1, 1),
-                       "K": (1, 1, 0)}[t.upper()][tensor]]
+        members = [
+            a
+            for a, t in enumerate(data["dim_types"])
+            if {"C": (1, 1, 1), "M": (1, 0, 1), "N": (0, 1, 1), "K": (1, 1, 0)}[t.upper()][tensor]
+        ]
         order = draw(st.permutations(members))
         strides = [0] * len(data["dim_sizes"])
         step = 1
@@ -126,10 +133,17 @@ def test_sizes_one_and_primes(data, threads):
 
 def test_shared_k_axis_runs_sequentially_and_is_correct():
     config = teir.Config(
-        data_type="FP64", prim_first="Zero", prim_main="GEMM", prim_last="ReLU",
-        dim_types=["K", "M", "N", "K"], exec_types=["shared", "prim", "prim", "prim"],
-        dim_sizes=[6, 8, 5, 3], strides_in0=[24, 1, 0, 8], strides_in1=[15, 0, 3, 1],
-        strides_out=[0, 1, 8, 0])
+        data_type="FP64",
+        prim_first="Zero",
+        prim_main="GEMM",
+        prim_last="ReLU",
+        dim_types=["K", "M", "N", "K"],
+        exec_types=["shared", "prim", "prim", "prim"],
+        dim_sizes=[6, 8, 5, 3],
+        strides_in0=[24, 1, 0, 8],
+        strides_in1=[15, 0, 3, 1],
+        strides_out=[0, 1, 8, 0],
+    )
     op = teir.compile(config, threads=3)
     assert not any(loop.parallel for loop in op.nest.loops)
     assert "shared K axes" in op.explain()
@@ -139,9 +153,15 @@ def test_shared_k_axis_runs_sequentially_and_is_correct():
 
 def test_aliasing_output_with_shared_axis_runs_sequentially():
     config = teir.Config(
-        data_type="FP64", prim_main="GEMM", dim_types=["M", "M", "N", "K"],
-        exec_types=["shared", "prim", "prim", "prim"], dim_sizes=[5, 4, 3, 2],
-        strides_in0=[8, 1, 0, 4], strides_in1=[0, 0, 2, 1], strides_out=[0, 1, 4, 0])
+        data_type="FP64",
+        prim_main="GEMM",
+        dim_types=["M", "M", "N", "K"],
+        exec_types=["shared", "prim", "prim", "prim"],
+        dim_sizes=[5, 4, 3, 2],
+        strides_in0=[8, 1, 0, 4],
+        strides_in1=[0, 0, 2, 1],
+        strides_out=[0, 1, 4, 0],
+    )
     op = teir.compile(config, threads=2)
     assert not any(loop.parallel for loop in op.nest.loops)
     got, expected, _ = run_both(config, 2)
@@ -150,9 +170,17 @@ def test_aliasing_output_with_shared_axis_runs_sequentially():
 
 def test_generic_fallback_for_layouts_without_unit_strides():
     config = teir.Config(
-        data_type="FP32", prim_first="ReLU", prim_main="GEMM", prim_last="ReLU",
-        dim_types=["M", "N", "K"], exec_types=["prim"] * 3, dim_sizes=[3, 4, 5],
-        strides_in0=[2, 0, 7], strides_in1=[0, 11, 2], strides_out=[3, 9, 0])
+        data_type="FP32",
+        prim_first="ReLU",
+        prim_main="GEMM",
+        prim_last="ReLU",
+        dim_types=["M", "N", "K"],
+        exec_types=["prim"] * 3,
+        dim_sizes=[3, 4, 5],
+        strides_in0=[2, 0, 7],
+        strides_in1=[0, 11, 2],
+        strides_out=[3, 9, 0],
+    )
     op = teir.compile(config, threads=1)
     assert "generic scalar primitive" in op.explain()
     got, expected, _ = run_both(config, 1)
@@ -163,17 +191,32 @@ def test_transposed_copy_and_broadcast():
     transpose = teir.load(EXAMPLES / "transpose_3x4.json")
     assert "unary_copy" in teir.compile(transpose).explain()
     broadcast = teir.Config(
-        data_type="FP32", prim_main="Copy", dim_types=["C", "C"], exec_types=["seq", "prim"],
-        dim_sizes=[3, 4], strides_in0=[0, 1], strides_in1=[0, 0], strides_out=[4, 1])
+        data_type="FP32",
+        prim_main="Copy",
+        dim_types=["C", "C"],
+        exec_types=["seq", "prim"],
+        dim_sizes=[3, 4],
+        strides_in0=[0, 1],
+        strides_in1=[0, 0],
+        strides_out=[4, 1],
+    )
     got, expected, _ = run_both(broadcast, 1)
     np.testing.assert_array_equal(got, expected)
 
 
 def test_prim_main_none_with_first_and_last():
     config = teir.Config(
-        data_type="FP64", prim_first="ReLU", prim_main="None", prim_last="None",
-        dim_types=["M", "N", "K"], exec_types=["seq", "prim", "seq"], dim_sizes=[3, 4, 2],
-        strides_in0=[0, 0, 0], strides_in1=[0, 0, 0], strides_out=[4, 1, 0])
+        data_type="FP64",
+        prim_first="ReLU",
+        prim_main="None",
+        prim_last="None",
+        dim_types=["M", "N", "K"],
+        exec_types=["seq", "prim", "seq"],
+        dim_sizes=[3, 4, 2],
+        strides_in0=[0, 0, 0],
+        strides_in1=[0, 0, 0],
+        strides_out=[4, 1, 0],
+    )
     out = np.linspace(-1, 1, 12)
     teir.compile(config)(None, None, out)
     np.testing.assert_array_equal(out, np.maximum(np.linspace(-1, 1, 12), 0))
@@ -181,7 +224,8 @@ def test_prim_main_none_with_first_and_last():
 
 def test_same_operation_from_eight_threads():
     config = teir.load(EXAMPLES / "lab3_zero_brgemm_relu.json").replace(
-        exec_types=["shared", "seq", "prim", "prim", "prim", "prim"])
+        exec_types=["shared", "seq", "prim", "prim", "prim", "prim"]
+    )
     op = teir.compile(config, threads=2)
     in0, in1, out = operands(config)
     expected = out.copy()
@@ -193,7 +237,7 @@ def test_same_operation_from_eight_threads():
         try:
             for _ in range(3):
                 op(in0, in1, target)
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             errors.append(error)
 
     workers = [threading.Thread(target=work, args=(o,)) for o in outputs]
@@ -214,7 +258,8 @@ def test_compiled_operations_are_cached():
 
 def test_threads_from_environment(monkeypatch):
     config = teir.load(EXAMPLES / "lab1_gemm.json").replace(
-        exec_types=["shared", "shared", "seq", "prim", "prim", "prim"])
+        exec_types=["shared", "shared", "seq", "prim", "prim", "prim"]
+    )
     monkeypatch.setenv("TEIR_NUM_THREADS", "3")
     assert teir.compile(config).threads == 3
     monkeypatch.setenv("TEIR_NUM_THREADS", "zero")
@@ -228,9 +273,15 @@ def test_threads_from_environment(monkeypatch):
 
 def test_small_work_runs_on_the_calling_thread():
     config = teir.Config(
-        data_type="FP32", prim_main="GEMM", dim_types=["M", "M", "N", "K"],
-        exec_types=["shared", "prim", "prim", "prim"], dim_sizes=[4, 2, 2, 2],
-        strides_in0=[4, 1, 0, 2], strides_in1=[0, 0, 2, 1], strides_out=[4, 1, 2, 0])
+        data_type="FP32",
+        prim_main="GEMM",
+        dim_types=["M", "M", "N", "K"],
+        exec_types=["shared", "prim", "prim", "prim"],
+        dim_sizes=[4, 2, 2, 2],
+        strides_in0=[4, 1, 0, 2],
+        strides_in1=[0, 0, 2, 1],
+        strides_out=[4, 1, 2, 0],
+    )
     op = teir.compile(config, threads=2)
     assert len(op.slices) == 1
     assert "too little work" in op.explain()
@@ -238,7 +289,8 @@ def test_small_work_runs_on_the_calling_thread():
 
 def test_explain_reports_kernels_and_split():
     config = teir.load(EXAMPLES / "lab2_brgemm.json").replace(
-        exec_types=["shared", "shared", "prim", "prim", "prim", "prim"])
+        exec_types=["shared", "shared", "prim", "prim", "prim", "prim"]
+    )
     text = teir.compile(config, threads=2).explain("lab2")
     assert "brgemm_f32_32x32x32_b8" in text and "register block" in text
     assert "2 slices of the parallel index space (size 1024): [0, 512), [512, 1024)" in text
@@ -251,8 +303,7 @@ class TestArguments:
     def call(self, **given):
         in0, in1, out = operands(self.config)
         arguments = {"in0": in0, "in1": in1, "out": out, **given}
-        teir.compile(self.config, threads=1)(arguments["in0"], arguments["in1"],
-                                             arguments["out"])
+        teir.compile(self.config, threads=1)(arguments["in0"], arguments["in1"], arguments["out"])
 
     @pytest.mark.parametrize(
         ("given", "match"),
@@ -278,7 +329,7 @@ class TestArguments:
     def test_overlap(self):
         buffer = np.zeros(2 * 1048576, np.float32)
         with pytest.raises(teir.ExecutionError, match="out overlaps in1"):
-            self.call(in1=buffer[:262144], out=buffer[1000:1000 + 1048576])
+            self.call(in1=buffer[:262144], out=buffer[1000 : 1000 + 1048576])
 
     def test_wrong_count_and_names(self):
         op = teir.compile(self.config, threads=1)
@@ -308,14 +359,13 @@ class TestArguments:
         expected = out.copy()
         reference.execute(self.config, in0, in1, expected)
         result = torch.from_numpy(out.copy())
-        teir.compile(self.config, threads=1)(torch.from_numpy(in0), torch.from_numpy(in1),
-                                             result)
+        teir.compile(self.config, threads=1)(torch.from_numpy(in0), torch.from_numpy(in1), result)
         assert_close(self.config, result.numpy(), expected, 256)
         with pytest.raises(teir.ExecutionError, match="DLPack"):
             self.call(in0=torch.from_numpy(in0).requires_grad_(True))
 
     def test_nothing_is_written_on_error(self):
-        in0, in1, out = operands(self.config)
+        in0, _, out = operands(self.config)
         before = out.copy()
         with pytest.raises(teir.ExecutionError):
             teir.compile(self.config, threads=1)(in0, np.zeros(3, np.float32), out)
@@ -334,8 +384,7 @@ def _random_array(draw, dtype, size):
         return None
     if kind == "list":
         return [0.0] * size
-    return np.random.default_rng(size).uniform(-1, 1, size + draw(st.integers(0, 3))).astype(
-        dtype)
+    return np.random.default_rng(size).uniform(-1, 1, size + draw(st.integers(0, 3))).astype(dtype)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -120,6 +120,7 @@ def test_explain(capsys):
     assert main(["explain", str(EXAMPLES / "lab3_zero_brgemm_relu.json")]) == 0
     out = capsys.readouterr().out
     assert "for m0 in range(32):" in out and "for n1 in range(32):" in out
+    assert "# compiled:" in out
     assert "Zero(out_tile [m3=32 x n4=32] strides (1, 32))" in out
     assert "BRGEMM: out_tile[m3,n4] += sum over k2 (batch-reduce, 8)" in out
     assert "ReLU(out_tile" in out
@@ -145,3 +146,49 @@ def test_console_entry_point_runs():
     )
     assert result.returncode == 0, result.stderr
     assert ": OK" in result.stdout
+
+
+def test_explain_compiled(capsys):
+    assert main(["explain", str(EXAMPLES / "lab2_brgemm.json"), "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "# compiled:" in out and "brgemm_f32_32x32x32_b8" in out
+
+
+def test_explain_config_only(capsys):
+    assert main(["explain", str(EXAMPLES / "lab2_brgemm.json"), "--config-only"]) == 0
+    assert "# compiled:" not in capsys.readouterr().out
+
+
+def test_run_native_with_threads(capsys):
+    assert (
+        main(
+            [
+                "run",
+                str(EXAMPLES / "lab3_zero_brgemm_relu.json"),
+                "--threads",
+                "2",
+                "--check",
+                "--repeat",
+                "2",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert report["backend"] == "native" and report["check"]["ok"]
+
+
+def test_demo(capsys):
+    assert main(["demo", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert len(report["rows"]) >= 9
+    assert all(row["check"] == "OK" for row in report["rows"])
+    assert all(row["rate"] > 0 and row["numpy_seconds"] > 0 for row in report["rows"])
+
+
+def test_bench_course(capsys):
+    assert main(["bench", "course", "--dtype", "f64", "--seconds", "0.01", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert len(report["rows"]) == 6
+    assert all(row["gflops"] > 0 and row["fraction"] > 0 for row in report["rows"])

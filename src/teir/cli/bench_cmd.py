@@ -25,6 +25,22 @@ def add_parser(commands: Any) -> None:
         "--seconds", type=float, default=0.05, help="time per measurement (default: %(default)s)"
     )
     kernels.set_defaults(handler=run_kernels)
+    course = suites.add_parser(
+        "course",
+        help="the course's lab configurations, as given and with shared axes, "
+        "against the peak and etops",
+    )
+    course.add_argument(
+        "--dtype",
+        choices=["f32", "f64", "fp32", "fp64"],
+        default=None,
+        help="one data type (default: both)",
+    )
+    course.add_argument("--json", action="store_true", help="print the report as JSON")
+    course.add_argument(
+        "--seconds", type=float, default=0.5, help="time per measurement (default: %(default)s)"
+    )
+    course.set_defaults(handler=run_course)
 
 
 def run_kernels(args: argparse.Namespace) -> int:
@@ -33,4 +49,17 @@ def run_kernels(args: argparse.Namespace) -> int:
     dtype = {"fp32": "f32", "fp64": "f64"}.get(args.dtype, args.dtype)
     report = kernels.run(dtype, args.seconds)
     print(json.dumps(report, indent=1) if args.json else kernels.format_report(report))
+    return 0
+
+
+def run_course(args: argparse.Namespace) -> int:
+    from teir.bench import course
+
+    dtypes = (
+        ("f32", "f64")
+        if args.dtype is None
+        else ({"fp32": "f32", "fp64": "f64"}.get(args.dtype, args.dtype),)
+    )
+    report = course.run(dtypes, args.seconds)
+    print(json.dumps(report, indent=1) if args.json else course.format_report(report))
     return 0

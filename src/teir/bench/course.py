@@ -1,0 +1,152 @@
+"""``teir bench course``: the course's three tensor-operation configurations, as given (one
+thread by construction) and with their first two axes shared (all cores), against the machine
+probe of the same run and, where installed, etops (the course's reference implementation) in
+separate processes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from teir import machine
+from teir.bench.demo import _lab, _shared_first_two
+from teir.bench.progress import Progress
+from teir.ir import Config, Tensor
+from teir.runtime.operation import compile as compile_config
+
+LABS = ("lab1_gemm", "lab2_brgemm", "lab3_zero_brgemm_relu")
+
+
+def cases(dtypes: tuple[str, ...]) -> list[tuple[str, str, dict[str, Any], int]]:
+    """(name, variant, flat config, threads) for every benchmark case."""
+    cores = machine.usable_cores()
+    result = []
+    for dtype in dtypes:
+        data_type = "FP32" if dtype == "f32" else "FP64"
+        for lab in LABS:
+            given = dict(_lab(lab), data_type=data_type)
+            result.append((lab, "as given", given, 1))
+            result.append((lab, "first two shared", _shared_first_two(given), cores))
+    return result
+
+
+def _time_teir(config: Config, threads: int, seconds: float) -> float:
+    op = compile_config(config, threads)
+    rng = np.random.default_rng(0)
+    in0, in1, out = (rng.uniform(-1, 1, config.extent(t)).astype(config.dtype) for t in Tensor)
+    op(in0, in1, out)
+    best = float("inf")
+    deadline = time.perf_counter() + seconds
+    count = 0
+    while count < 3 or time.perf_counter() < deadline:
+        start = time.perf_counter()
+        op(in0, in1, out)
+        best = min(best, time.perf_counter() - start)
+        count += 1
+    return best
+
+
+def _time_etops(configs: list[dict[str, Any]], threads: int, seconds: float) -> list[float | None]:
+    if not configs or importlib.util.find_spec("etops") is None:
+        return [None] * len(configs)
+    environment = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="true")
+    result = subprocess.run(
+        [sys.executable, "-m", "teir.bench.etops_runner"],
+        input=json.dumps({"configs": configs, "seconds": seconds}),
+        capture_output=True,
+        text=True,
+        env=environment,
+        check=False,
+    )
+    if result.returncode != 0:
+        return [None] * len(configs)
+    times: list[float | None] = json.loads(result.stdout)
+    return times
+
+
+def run(dtypes: tuple[str, ...] = ("f32", "f64"), seconds: float = 0.5) -> dict[str, Any]:
+    all_cases = cases(dtypes)
+    progress = Progress(len(all_cases) + 3, "bench course")
+    cores = machine.usable_cores()
+    peaks = {f"{d} x{n}": machine.peak_gflops(d, n) for d in dtypes for n in sorted({1, cores})}
+    progress.step("probe")
+    rows = []
+    for name, variant, data, threads in all_cases:
+        config = Config.from_dict(data)
+        best = _time_teir(config, threads, seconds)
+        dtype = "f32" if config.data_type.itemsize == 4 else "f64"
+        peak = peaks[f"{dtype} x{threads}"]
+        gflops = config.flops / best / 1e9
+        rows.append(
+            {
+                "name": name,
+                "variant": variant,
+                "dtype": config.data_type.value,
+                "threads": threads,
+                "seconds": best,
+                "gflops": gflops,
+                "fraction": gflops / peak,
+                "etops_gflops": None,
+                "etops_fraction": None,
+            }
+        )
+        progress.step(f"{name} {variant} {dtype}")
+    # etops in its own processes, FP32 only (its FP64 path aborts the interpreter).
+    for threads in sorted({1, cores}):
+        chosen = [
+            i
+            for i, (_, _, data, t) in enumerate(all_cases)
+            if t == threads and data["data_type"] == "FP32"
+        ]
+        times = _time_etops([all_cases[i][2] for i in chosen], threads, seconds)
+        for i, etops_seconds in zip(chosen, times):
+            if etops_seconds is not None:
+                row = rows[i]
+                gflops = Config.from_dict(all_cases[i][2]).flops / etops_seconds / 1e9
+                row["etops_gflops"] = gflops
+                row["etops_fraction"] = gflops / peaks[f"f32 x{threads}"]
+        progress.step(f"etops x{threads}")
+    after = {f"{d} x{n}": machine.peak_gflops(d, n) for d in dtypes for n in sorted({1, cores})}
+    progress.step("probe again")
+    progress.close()
+    return {
+        "cores": cores,
+        "peaks": peaks,
+        "peaks_after": after,
+        "rows": rows,
+        "etops": importlib.util.find_spec("etops") is not None,
+    }
+
+
+def format_report(report: dict[str, Any]) -> str:
+    peaks = ", ".join(f"{k}: {v:.1f}" for k, v in report["peaks"].items())
+    after = ", ".join(f"{k}: {v:.1f}" for k, v in report["peaks_after"].items())
+    lines = [
+        f"course configurations on {report['cores']} cores; probe peaks in GFLOP/s before "
+        f"({peaks}) and after ({after})",
+        "",
+        f"{'configuration':<24} {'variant':<17} {'dtype':<5} {'thr':>3} {'teir':>9} "
+        f"{'of peak':>7} {'etops':>9} {'of peak':>7}",
+    ]
+    for row in report["rows"]:
+        etops = (
+            ("-", "-")
+            if row["etops_gflops"] is None
+            else (f"{row['etops_gflops']:.1f}", f"{row['etops_fraction'] * 100:.1f}%")
+        )
+        lines.append(
+            f"{row['name']:<24} {row['variant']:<17} {row['dtype']:<5} "
+            f"{row['threads']:>3} {row['gflops']:9.1f} {row['fraction'] * 100:6.1f}% "
+            f"{etops[0]:>9} {etops[1]:>7}"
+        )
+    if not report["etops"]:
+        lines.append("\netops is not installed (pip install etops): its columns are empty.")
+    return "\n".join(lines)
