@@ -114,6 +114,7 @@ def run(dtypes: tuple[str, ...] = ("f32", "f64"), seconds: float = 0.5) -> dict[
                 row["etops_gflops"] = gflops
                 row["etops_fraction"] = gflops / peaks[f"f32 x{threads}"]
         progress.step(f"etops x{threads}")
+    call_overhead = tiny_call_seconds()
     after = {f"{d} x{n}": machine.peak_gflops(d, n) for d in dtypes for n in sorted({1, cores})}
     progress.step("probe again")
     progress.close()
@@ -122,8 +123,31 @@ def run(dtypes: tuple[str, ...] = ("f32", "f64"), seconds: float = 0.5) -> dict[
         "peaks": peaks,
         "peaks_after": after,
         "rows": rows,
+        "tiny_call_median_seconds": call_overhead,
         "etops": importlib.util.find_spec("etops") is not None,
     }
+
+
+def tiny_call_seconds(calls: int = 2000) -> float:
+    """Median time of calling a compiled 2x2x2 GEMM from Python (checks and all)."""
+    config = Config(
+        data_type="FP32",
+        prim_main="GEMM",
+        dim_types=["M", "N", "K"],
+        exec_types=["prim"] * 3,
+        dim_sizes=[2, 2, 2],
+        strides_in0=[1, 0, 2],
+        strides_in1=[0, 2, 1],
+        strides_out=[1, 2, 0],
+    )
+    op = compile_config(config, 1)
+    a, b, c = (np.ones(4, np.float32) for _ in range(3))
+    samples = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        op(a, b, c)
+        samples.append(time.perf_counter() - start)
+    return float(np.median(samples))
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -147,6 +171,10 @@ def format_report(report: dict[str, Any]) -> str:
             f"{row['threads']:>3} {row['gflops']:9.1f} {row['fraction'] * 100:6.1f}% "
             f"{etops[0]:>9} {etops[1]:>7}"
         )
+    lines.append(
+        f"\ncalling a compiled operation on tiny tensors: "
+        f"{report['tiny_call_median_seconds'] * 1e6:.2f} us (median)"
+    )
     if not report["etops"]:
         lines.append("\netops is not installed (pip install etops): its columns are empty.")
     return "\n".join(lines)
