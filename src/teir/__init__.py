@@ -21,6 +21,8 @@ True
 
 from teir import reference
 from teir.errors import ExecutionError, TeirError, ValidationError, Violation
+from teir.frontend.einsum import contract_expression, einsum, einsum_plan
+from teir.frontend.einsum_parse import EinsumError
 from teir.ir import (
     Config,
     DataType,
@@ -36,6 +38,7 @@ from teir.ir import (
     load_all,
     save,
 )
+from teir.optimizer import optimize, optimize_with_log
 from teir.runtime.operation import Operation, compile
 from teir.validate import RULES
 
@@ -46,6 +49,7 @@ __all__ = [
     "Config",
     "DataType",
     "DimType",
+    "EinsumError",
     "ExecType",
     "ExecutionError",
     "Operation",
@@ -60,8 +64,13 @@ __all__ = [
     "Violation",
     "__version__",
     "compile",
+    "contract_expression",
+    "einsum",
+    "einsum_plan",
     "load",
     "load_all",
+    "optimize",
+    "optimize_with_log",
     "reference",
     "save",
 ]

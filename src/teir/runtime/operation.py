@@ -121,12 +121,18 @@ class Operation:
         if (n0 and po < p0 + n0 and p0 < po + no) or (n1 and po < p1 + n1 and p1 < po + no):
             name = "in0" if n0 and overlaps(po, no, p0, n0) else "in1"
             raise ExecutionError(f"out overlaps {name} in memory; pass a separate output array")
+        self.run_addresses(p0, p1, po)
+
+    def run_addresses(self, in0: int, in1: int, out: int) -> None:
+        """Run on element-buffer addresses (0 for unused inputs). Nothing is checked: the
+        caller guarantees that the configuration's strides stay inside each buffer, that out
+        is writable and that it does not overlap an input."""
         first, last = self._flag_addresses
         slices = self.slices
         if len(slices) == 1:
-            self._native(p0, p1, po, 0, self._parallel_size, first, last)
+            self._native(in0, in1, out, 0, self._parallel_size, first, last)
             return
-        run_all([partial(self._native, p0, p1, po, lo, hi, first, last) for lo, hi in slices])
+        run_all([partial(self._native, in0, in1, out, lo, hi, first, last) for lo, hi in slices])
 
     # ---- reporting -------------------------------------------------------------------------
     def explain(self, name: str | None = None) -> str:

@@ -1,0 +1,1 @@
+"""Front ends on top of the IR: NumPy-compatible einsum (and, later, einsum trees)."""

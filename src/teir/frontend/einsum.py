@@ -1,0 +1,328 @@
+"""``teir.einsum`` and ``teir.contract_expression``: NumPy's einsum, compiled through TEIR.
+
+>>> import numpy as np, teir
+>>> a, b = np.random.rand(30, 40), np.random.rand(40, 20)
+>>> bool(np.allclose(teir.einsum("ij,jk->ik", a, b), a @ b))
+True
+>>> expr = teir.contract_expression("bij,bjk->bik", (8, 30, 40), (8, 40, 20))
+>>> x, y = np.random.rand(8, 30, 40), np.random.rand(8, 40, 20)
+>>> bool(np.allclose(expr(x, y), x @ y))
+True
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from teir.frontend.einsum_parse import EinsumError, Subscripts, parse
+from teir.frontend.einsum_plan import Operand, Plan, make_plan, operand, sum_out
+from teir.kernels.arrays import data_address
+from teir.runtime.arguments import as_array
+from teir.runtime.pool import default_threads
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+PLAN_CACHE_SIZE = 4096
+_plans: dict[tuple[Any, ...], tuple[Plan, tuple[bool, ...]]] = {}
+_lock = threading.Lock()
+
+
+def _arrays(operands: Sequence[Any]) -> list[np.ndarray]:
+    """The operands as float32/float64 arrays of one dtype (NumPy's promotion)."""
+    arrays = []
+    for index, value in enumerate(operands):
+        if isinstance(value, np.ndarray):
+            array = value
+        elif isinstance(value, (int, float, np.generic)) and not isinstance(value, bool):
+            array = np.asarray(value, dtype=np.float64)
+        else:
+            array = as_array(f"operand {index}", value)
+        if array.dtype not in _FLOATS:
+            raise EinsumError(
+                f"operand {index} has dtype {array.dtype}; teir.einsum supports float32 and "
+                f"float64: convert it with .astype(np.float64) (or np.float32)"
+            )
+        arrays.append(array)
+    if not arrays:
+        raise EinsumError("einsum needs at least one operand")
+    dtype = np.result_type(*arrays)
+    return [a if a.dtype == dtype else a.astype(dtype) for a in arrays]
+
+
+def _key(
+    subscripts: str,
+    arrays: list[np.ndarray],
+    out: np.ndarray | None,
+    accumulate: bool,
+    relu: bool,
+    threads: int,
+) -> tuple[Any, ...]:
+    return (
+        subscripts,
+        tuple((a.shape, a.strides) for a in arrays),
+        arrays[0].dtype.char,
+        None if out is None else (out.shape, out.strides),
+        accumulate,
+        relu,
+        threads,
+    )
+
+
+def _plan(
+    subscripts: str,
+    arrays: list[np.ndarray],
+    out: np.ndarray | None,
+    accumulate: bool,
+    relu: bool,
+    threads: int,
+) -> tuple[Plan, tuple[bool, ...]]:
+    key = _key(subscripts, arrays, out, accumulate, relu, threads)
+    found = _plans.get(key)
+    if found is not None:
+        return found
+    parsed = parse(subscripts, [a.ndim for a in arrays])
+    plan, inputs = make_plan(parsed, arrays, out, accumulate, relu, threads)
+    # Operands used in place need only their address per call; the others are prepared again.
+    direct = tuple(
+        op.array is a and not labels
+        for op, a, labels in zip(inputs, arrays, plan.reductions or [[]] * len(arrays))
+    )
+    with _lock:
+        if len(_plans) >= PLAN_CACHE_SIZE:
+            _plans.pop(next(iter(_plans)))
+        _plans[key] = (plan, direct)
+    return plan, direct
+
+
+def _check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+    if not isinstance(out, np.ndarray):
+        out = as_array("out", out)
+    if out.shape != shape:
+        raise EinsumError(f"out has shape {out.shape}, the result has shape {shape}")
+    if out.dtype != dtype:
+        raise EinsumError(f"out has dtype {out.dtype}, the result has dtype {dtype}")
+    if not out.flags.writeable:
+        raise EinsumError("out is read-only")
+    for size, stride in zip(out.shape, out.strides):
+        if size > 1 and stride == 0:
+            raise EinsumError("out repeats elements (a broadcast view): pass a real array")
+    checked: np.ndarray = out
+    return checked
+
+
+def einsum(
+    subscripts: str,
+    *operands: Any,
+    out: Any = None,
+    threads: int | None = None,
+    accumulate: bool = False,
+    relu: bool = False,
+    optimize: Any = None,
+) -> Any:
+    """NumPy's ``einsum`` for any number of float32/float64 operands, run through TEIR.
+
+    Binary contractions are classified into C/M/N/K axes, scheduled by :func:`teir.optimize`
+    and compiled, so GEMM/BRGEMM kernels run directly on the operands' strided memory.
+    Unary einsums (permutations, transposes, diagonals) run on Copy kernels. With more than
+    two operands, NumPy's greedy contraction path is followed pairwise.
+
+    ``out=`` is written in place (``accumulate=True`` adds the result to it instead);
+    ``relu=True`` applies ``max(., 0)`` to the result. ``optimize`` is accepted for
+    compatibility. Unlike NumPy, the result is always a new array (never a view).
+    """
+    arrays = _arrays(operands)
+    if len(arrays) > 2:
+        return _pairwise(subscripts, arrays, out, threads, accumulate, relu)
+    if threads is None:
+        threads = default_threads()
+    out_array = None
+    if out is not None:
+        out_array = out if isinstance(out, np.ndarray) else as_array("out", out)
+    plan, direct = _plan(subscripts, arrays, out_array, accumulate, relu, threads)
+    dtype = plan.dtype
+    if out_array is not None:
+        out_array = _check_out(out_array, plan.out_shape, dtype)
+    result = out_array if out_array is not None else np.empty(plan.out_shape, dtype)
+    if plan.empty:
+        if not accumulate:
+            result[...] = 0
+        elif relu:
+            np.maximum(result, 0, out=result)
+        return result if out is not None or result.ndim else result[()]
+    inputs: list[Operand | np.ndarray] = []
+    for index, array in enumerate(arrays):
+        if direct[index]:
+            inputs.append(array)
+        else:
+            prepared = operand(array, plan.subscripts.inputs[index], index)
+            labels = plan.reductions[index]
+            inputs.append(sum_out(prepared, labels) if labels else prepared)
+    target = result
+    unary_accumulate = accumulate and len(arrays) == 1
+    overlapping = out_array is not None and any(
+        np.shares_memory(out_array, a if isinstance(a, np.ndarray) else a.array) for a in inputs
+    )
+    negative = any(s < 0 for s in result.strides)
+    if unary_accumulate or overlapping or negative:
+        target = np.empty(plan.out_shape, dtype)
+        plan, direct = _plan(subscripts, arrays, target, False, relu and not accumulate, threads)
+    addresses = [data_address(a if isinstance(a, np.ndarray) else a.array) for a in inputs]
+    if len(addresses) == 1:
+        addresses.append(0)
+    assert plan.operation is not None
+    plan.operation.run_addresses(addresses[0], addresses[1], data_address(target))
+    if target is not result:
+        if unary_accumulate:
+            result += target
+            if relu:
+                np.maximum(result, 0, out=result)
+        else:
+            result[...] = target
+    if out is None and result.ndim == 0:
+        return result[()]
+    return result
+
+
+def _pairwise(
+    subscripts: str,
+    arrays: list[np.ndarray],
+    out: Any,
+    threads: int | None,
+    accumulate: bool,
+    relu: bool,
+) -> Any:
+    """Contract three or more operands two at a time along NumPy's greedy path."""
+    parsed = parse(subscripts, [a.ndim for a in arrays])
+    labels = [list(t) for t in parsed.inputs]
+    current: list[np.ndarray] = list(arrays)
+    path = np.einsum_path(_explicit(parsed), *arrays, optimize="greedy")[0][1:]
+    for step, pair in enumerate(path):
+        i, j = sorted(pair)
+        left, right = labels[i], labels[j]
+        rest = [lab for k, group in enumerate(labels) if k not in (i, j) for lab in group]
+        keep = [lab for lab in dict.fromkeys(left + right) if lab in parsed.output or lab in rest]
+        last = step == len(path) - 1
+        if last:
+            keep = list(parsed.output)
+        expression = f"{_text(left)},{_text(right)}->{_text(keep)}"
+        result = einsum(
+            expression,
+            current[i],
+            current[j],
+            threads=threads,
+            out=out if last else None,
+            accumulate=accumulate and last,
+            relu=relu and last,
+        )
+        for k in (j, i):
+            del current[k], labels[k]
+        current.append(np.asarray(result))
+        labels.append(keep)
+    return result
+
+
+def _text(labels: Sequence[str]) -> str:
+    return "".join(chr(0x100 + int(lab)) if lab.isdigit() else lab for lab in labels)
+
+
+def _explicit(parsed: Subscripts) -> str:
+    """Subscripts with the ellipsis dimensions named (for np.einsum_path)."""
+    free = iter(
+        c
+        for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+        if all(c not in t for t in parsed.inputs)
+    )
+    names: dict[str, str] = {}
+
+    def name(label: str) -> str:
+        if label.isdigit():
+            names.setdefault(label, next(free))
+            return names[label]
+        return label
+
+    inputs = ",".join("".join(name(x) for x in t) for t in parsed.inputs)
+    return f"{inputs}->{''.join(name(x) for x in parsed.output)}"
+
+
+class ContractExpression:
+    """A compiled einsum for operands of fixed shapes (the opt_einsum convention)."""
+
+    def __init__(
+        self,
+        subscripts: str,
+        shapes: Sequence[Sequence[int]],
+        dtype: Any,
+        threads: int | None,
+        accumulate: bool,
+        relu: bool,
+    ) -> None:
+        self.subscripts = subscripts
+        self.shapes = tuple(tuple(int(n) for n in shape) for shape in shapes)
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in _FLOATS:
+            raise EinsumError(f"dtype must be float32 or float64, got {self.dtype}")
+        self.threads = threads
+        self.accumulate = accumulate
+        self.relu = relu
+        self.plan: Plan | None = None
+        if len(self.shapes) <= 2:  # plan now, for C-contiguous operands
+            arrays = [np.zeros(shape, self.dtype) for shape in self.shapes]
+            self.plan = _plan(
+                subscripts, arrays, None, accumulate, relu, threads or default_threads()
+            )[0]
+
+    def __call__(self, *operands: Any, out: Any = None) -> Any:
+        if len(operands) != len(self.shapes):
+            raise EinsumError(f"expected {len(self.shapes)} operands, got {len(operands)}")
+        for index, (value, shape) in enumerate(zip(operands, self.shapes)):
+            actual = tuple(np.shape(value))
+            if actual != shape:
+                raise EinsumError(
+                    f"operand {index} has shape {actual}, the expression was built for {shape}"
+                )
+        return einsum(
+            self.subscripts,
+            *operands,
+            out=out,
+            threads=self.threads,
+            accumulate=self.accumulate,
+            relu=self.relu,
+        )
+
+    def explain(self) -> str:
+        return (
+            self.plan.explain()
+            if self.plan is not None
+            else (f"# {self.subscripts}: contracted pairwise along NumPy's greedy path")
+        )
+
+
+def contract_expression(
+    subscripts: str,
+    *shapes: Sequence[int],
+    dtype: Any = np.float64,
+    threads: int | None = None,
+    accumulate: bool = False,
+    relu: bool = False,
+) -> ContractExpression:
+    """A reusable compiled einsum for operands of the given shapes."""
+    return ContractExpression(subscripts, shapes, dtype, threads, accumulate, relu)
+
+
+def einsum_plan(
+    subscripts: str,
+    *operands: Any,
+    out: Any = None,
+    threads: int | None = None,
+    accumulate: bool = False,
+    relu: bool = False,
+) -> Plan:
+    """The plan ``einsum`` uses for these operands (for ``plan.explain()``)."""
+    arrays = _arrays(operands)
+    if len(arrays) > 2:
+        raise EinsumError("plans are per pair of operands; see teir.einsum for more")
+    out_array = None if out is None else as_array("out", out)
+    return _plan(subscripts, arrays, out_array, accumulate, relu, threads or default_threads())[0]

@@ -1,0 +1,264 @@
+"""Planning an einsum of one or two operands: labels to TEIR axes, an optimized configuration,
+and the steps that run it on the operands' memory.
+
+Operands are used where they lie: any non-negative strides (views included), repeated labels
+as diagonals (one axis whose stride is the sum), size-1 dimensions broadcast (stride 0). Copies
+are made only where documented: an operand with negative strides or strides that are not a
+whole number of elements is copied to a contiguous array; a label that appears in one input
+only (and not in the output) is summed out of that input with NumPy first; a unary einsum that
+sums labels away reduces with NumPy before its permutation runs on a Copy kernel; an output
+that overlaps an input is computed into a temporary and copied back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from teir.frontend.einsum_parse import EinsumError, Subscripts
+from teir.ir import Config
+from teir.kernels.arrays import data_address
+from teir.optimizer import optimize_with_log
+from teir.runtime.operation import Operation
+from teir.runtime.operation import compile as compile_config
+
+
+@dataclass
+class Operand:
+    """One input as labels with a size and an element stride each (after diagonals)."""
+
+    array: np.ndarray
+    labels: list[str]
+    sizes: dict[str, int]
+    strides: dict[str, int]
+
+
+def element_strides(array: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """``array`` (copied when a stride is negative or not a whole number of elements) and its
+    element strides; a dimension of size 1 gets stride 0 (its stride means nothing)."""
+    itemsize = array.itemsize
+    if any(n > 1 and (s < 0 or s % itemsize) for n, s in zip(array.shape, array.strides)):
+        array = np.ascontiguousarray(array)
+    return array, [s // itemsize if n > 1 else 0 for n, s in zip(array.shape, array.strides)]
+
+
+def operand(array: np.ndarray, labels: tuple[str, ...], index: int) -> Operand:
+    array, strides = element_strides(array)
+    sizes: dict[str, int] = {}
+    merged: dict[str, int] = {}
+    order: list[str] = []
+    for label, size, stride in zip(labels, array.shape, strides):
+        if label in sizes:
+            if sizes[label] != size:
+                raise EinsumError(
+                    f"operand {index}: the repeated subscript {label!r} spans "
+                    f"dimensions of different sizes ({sizes[label]} != {size})"
+                )
+            merged[label] += stride  # a diagonal: one index moves along both dimensions
+        else:
+            sizes[label] = size
+            merged[label] = stride
+            order.append(label)
+    return Operand(array, order, sizes, merged)
+
+
+def label_sizes(operands: list[Operand], output: tuple[str, ...]) -> dict[str, int]:
+    """The size of every label; size-1 dimensions broadcast against larger ones."""
+    sizes: dict[str, int] = {}
+    for index, op in enumerate(operands):
+        for label in op.labels:
+            size = op.sizes[label]
+            known = sizes.get(label)
+            if known is None or known == 1:
+                sizes[label] = size
+            elif size not in (1, known):
+                name = f"'...' dimension {label}" if label.isdigit() else f"subscript {label!r}"
+                raise EinsumError(
+                    f"operand {index}: {name} has size {size}, but another operand"
+                    f" gives it size {known}; sizes must match or be 1"
+                )
+    for label in output:
+        if label not in sizes:
+            raise EinsumError(f"output subscript {label!r} does not appear in any input")
+    return sizes
+
+
+def sum_out(op: Operand, labels: list[str]) -> Operand:
+    """``op`` with ``labels`` summed away (a NumPy reduction into a new array)."""
+    view = np.lib.stride_tricks.as_strided(
+        op.array,
+        shape=[op.sizes[label] for label in op.labels],
+        strides=[op.strides[label] * op.array.itemsize for label in op.labels],
+    )
+    axes = tuple(op.labels.index(label) for label in labels)
+    reduced = np.ascontiguousarray(view.sum(axis=axes))
+    kept = [label for label in op.labels if label not in labels]
+    _, strides = element_strides(reduced)
+    return Operand(
+        reduced, kept, {label: op.sizes[label] for label in kept}, dict(zip(kept, strides))
+    )
+
+
+@dataclass
+class Plan:
+    """What an einsum call does for operands of given shapes, strides and dtype."""
+
+    subscripts: Subscripts
+    dtype: np.dtype[Any]
+    out_shape: tuple[int, ...]
+    config: Config | None
+    operation: Operation | None
+    log: tuple[str, ...]
+    reductions: list[list[str]] = field(default_factory=list)
+    swap: bool = False
+    empty: bool = False
+
+    def explain(self) -> str:
+        lines = [
+            f"# einsum {','.join(''.join(t) for t in self.subscripts.inputs)}->"
+            f"{''.join(self.subscripts.output)} ({self.dtype.name})"
+        ]
+        for index, labels in enumerate(self.reductions):
+            if labels:
+                lines.append(f"# operand {index}: {''.join(labels)} summed out with NumPy first")
+        if self.empty:
+            lines.append("# a dimension of size 0: the result is zeros")
+        lines += [f"# optimize: {line}" for line in self.log]
+        if self.operation is not None:
+            lines += ["", self.operation.explain()]
+        return "\n".join(lines)
+
+
+def build_config(
+    dtype: np.dtype[Any],
+    inputs: list[Operand],
+    output: tuple[str, ...],
+    out_strides: dict[str, int],
+    sizes: dict[str, int],
+    accumulate: bool,
+    relu: bool,
+) -> dict[str, Any]:
+    """The flat fields of the (unscheduled) configuration: one axis per label."""
+    data_type = "FP32" if dtype == np.float32 else "FP64"
+    fields: dict[str, Any] = {
+        "data_type": data_type,
+        "dim_types": [],
+        "exec_types": [],
+        "dim_sizes": [],
+        "strides_in0": [],
+        "strides_in1": [],
+        "strides_out": [],
+    }
+    labels = list(output)
+    for op in inputs:
+        labels += [label for label in op.labels if label not in labels]
+    binary = len(inputs) == 2
+    for label in labels:
+        size = sizes[label]
+        in0 = label in inputs[0].sizes
+        in1 = binary and label in inputs[1].sizes
+        out = label in output
+        if binary:
+            dim_type = {
+                (True, True, True): "C",
+                (True, False, True): "M",
+                (False, True, True): "N",
+                (True, True, False): "K",
+            }[(in0, in1, out)]
+        else:
+            dim_type = "C"
+        fields["dim_types"].append(dim_type)
+        fields["exec_types"].append("seq")
+        fields["dim_sizes"].append(size)
+
+        fields["strides_in0"].append(_stride(inputs[0], in0, label, size))
+        fields["strides_in1"].append(_stride(inputs[1], in1, label, size) if binary else 0)
+        fields["strides_out"].append(out_strides.get(label, 0) if size > 1 else 0)
+    if not labels:  # a scalar result of scalars: one axis of size 1
+        for name, value in (
+            ("dim_types", "C"),
+            ("exec_types", "seq"),
+            ("dim_sizes", 1),
+            ("strides_in0", 0),
+            ("strides_in1", 0),
+            ("strides_out", 0),
+        ):
+            fields[name].append(value)
+    if binary:
+        fields.update(
+            prim_first="None" if accumulate else "Zero",
+            prim_main="GEMM",
+            prim_last="ReLU" if relu else "None",
+        )
+    else:
+        fields.update(prim_first="None", prim_main="ReLU" if relu else "Copy", prim_last="None")
+    return fields
+
+
+def _stride(op: Operand, present: bool, label: str, size: int) -> int:
+    """The operand's stride for ``label``; a broadcast (size-1) dimension of a larger label
+    repeats its one element (stride 0)."""
+    return op.strides[label] if present and op.sizes[label] == size else 0
+
+
+def make_plan(
+    subscripts: Subscripts,
+    arrays: list[np.ndarray],
+    out: np.ndarray | None,
+    accumulate: bool,
+    relu: bool,
+    threads: int | None,
+) -> tuple[Plan, list[Operand]]:
+    """The plan for these operands (its operands are returned too: they may be new arrays)."""
+    dtype = arrays[0].dtype
+    inputs = [operand(a, labels, i) for i, (a, labels) in enumerate(zip(arrays, subscripts.inputs))]
+    output = subscripts.output
+    sizes = label_sizes(inputs, output)
+    out_shape = tuple(sizes[label] for label in output)
+    plan = Plan(subscripts, dtype, out_shape, None, None, ())
+    if any(size == 0 for size in sizes.values()):
+        plan.empty = True
+        return plan, inputs
+    # Labels that appear in a single input and not in the output are summed out first.
+    plan.reductions = []
+    for index, op in enumerate(inputs):
+        others = [label for j, other in enumerate(inputs) if j != index for label in other.labels]
+        lonely = [label for label in op.labels if label not in output and label not in others]
+        plan.reductions.append(lonely)
+        if lonely:
+            inputs[index] = sum_out(op, lonely)
+    out_strides = _out_strides(out, output, out_shape)
+    fields = build_config(dtype, inputs, output, out_strides, sizes, accumulate, relu)
+    config, log = optimize_with_log(fields, threads)
+    plan.config = config
+    plan.log = log
+    plan.operation = compile_config(config, threads)
+    return plan, inputs
+
+
+def _out_strides(
+    out: np.ndarray | None, output: tuple[str, ...], shape: tuple[int, ...]
+) -> dict[str, int]:
+    """Element strides of the output: ``out``'s, or a new C-contiguous array's."""
+    if out is not None:
+        return dict(zip(output, element_strides(out)[1]))
+    strides: dict[str, int] = {}
+    step = 1
+    for label, size in reversed(list(zip(output, shape))):
+        strides[label] = step
+        step *= size
+    return strides
+
+
+def run_plan(plan: Plan, inputs: list[Operand], out: np.ndarray) -> None:
+    """Execute ``plan`` writing ``out`` (whose layout the plan was made for)."""
+    assert plan.operation is not None
+    addresses = [data_address(op.array) for op in inputs]
+    if len(addresses) == 1:
+        addresses.append(0)
+    plan.operation.run_addresses(addresses[0], addresses[1], data_address(out))
+
+
+__all__ = ["Operand", "Plan", "make_plan", "run_plan"]

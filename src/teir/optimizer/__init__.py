@@ -1,0 +1,84 @@
+"""``teir.optimize``: write the schedule for a configuration.
+
+A pipeline of small passes, each semantics-preserving (configuration in, configuration out):
+drop size-1 axes, fuse stride-coherent axes, identify the primitive (GEMM or BRGEMM and the
+kernel layout that fits the unit strides, with block sizes for the caches), reorder the loops,
+and share loops between threads. ``optimize_with_log`` also returns each pass's decision.
+
+>>> import teir
+>>> gemm = teir.optimize({"data_type": "FP32", "prim_main": "GEMM",
+...     "dim_types": ["M", "N", "K"], "exec_types": ["seq"] * 3, "dim_sizes": [256, 256, 256],
+...     "strides_in0": [1, 0, 256], "strides_in1": [0, 256, 1], "strides_out": [1, 256, 0]},
+...     threads=2)
+>>> gemm.prim_main
+<PrimMain.BRGEMM: 'BRGEMM'>
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from teir.errors import TeirError
+from teir.ir import Config, DimType, PrimFirst, PrimLast, Tensor
+from teir.ir.layout import is_injective
+from teir.optimizer.primitive import contraction, unary
+from teir.optimizer.problem import Problem, problem_from
+from teir.optimizer.schedule import parallelize, reorder
+from teir.optimizer.simplify import drop_size_one, fuse_coherent
+from teir.runtime.pool import default_threads
+
+
+def optimize_with_log(
+    config: Config | Mapping[str, Any], threads: int | None = None
+) -> tuple[Config, tuple[str, ...]]:
+    """The optimized configuration and one line per pass saying what it decided."""
+    problem = problem_from(config)
+    threads = default_threads() if threads is None else threads
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise TeirError(f"threads must be a positive integer, got {threads!r}")
+    prims = problem.primitives
+    order_matters = (
+        prims.prim_first is not PrimFirst.NONE
+        or prims.prim_last is not PrimLast.NONE
+        or prims.prim_main.is_unary
+    )
+    out_axes = [a for a in problem.axes if a.dim_type is not DimType.K]
+    distinct = is_injective([a.size for a in out_axes], [a.stride(Tensor.OUT) for a in out_axes])
+    if order_matters and not distinct:
+        # Tiles are identified by position: re-tiling an aliasing output would move first/last
+        # accesses (or the order of overwrites), so the schedule stays as written.
+        if isinstance(config, Config):
+            return config, ("the output aliases: the schedule is kept as written",)
+        raise TeirError(
+            "the output aliases and the operation has first/last primitives or "
+            "overwrites: its schedule cannot be re-tiled safely; write the prim "
+            "axes yourself"
+        )
+    log = []
+    for step in (drop_size_one, fuse_coherent):
+        problem, text = step(problem)
+        log.append(f"{step.__name__}: {text}")
+    if prims.prim_main.is_contraction:
+        problem, text = contraction(problem)
+        log.append(f"identify primitive: {text}")
+    else:
+        problem, text = unary(problem)
+        log.append(f"identify primitive: {text}")
+    problem, text = reorder(problem)
+    log.append(f"reorder: {text}")
+    problem, text = parallelize(problem, threads)
+    log.append(f"parallelize: {text}")
+    return problem.to_config(), tuple(log)
+
+
+def optimize(config: Config | Mapping[str, Any], threads: int | None = None) -> Config:
+    """An equivalent configuration scheduled for speed on this machine with ``threads``.
+
+    ``config`` may also be a mapping of the fields whose prim axes are not chosen yet (all
+    ``seq``, as the course's optimizer inputs are).
+    """
+    return optimize_with_log(config, threads)[0]
+
+
+__all__ = ["Problem", "optimize", "optimize_with_log"]

@@ -1,0 +1,174 @@
+"""Primitive identification: which axes the kernel consumes, with which layout, on which block
+sizes. The choice is checked with the same kernel selection the backend uses, so the chosen
+tile always maps to a kernel when any choice does."""
+
+from __future__ import annotations
+
+from itertools import product
+
+from teir.codegen.brgemm import choose_blocking
+from teir.codegen.specs import BrgemmSpec
+from teir.codegen.target import Target, cache_sizes
+from teir.ir import DimType, ExecType, PrimFirst, Primitives, PrimLast, PrimMain, Tensor
+from teir.lower.tiles import contraction_op
+from teir.optimizer.problem import Axis, Problem
+from teir.optimizer.simplify import block_size, split
+
+PRIM = ExecType.PRIM
+# Target block sizes (rows of C, columns of C, K) per element size, measured on Zen 4.
+BLOCK_TARGETS = {4: (80, 160, 64), 8: (80, 160, 64)}
+
+
+def _dummy(dim_type: DimType) -> Axis:
+    return Axis(dim_type, 1, (0, 0, 0))
+
+
+def _tile_quality(problem: Problem, m: Axis, n: Axis, k: Axis) -> tuple[int, int] | None:
+    """How well a GEMM on (m, n, k) maps to a kernel: (form rank, layout rank), or None."""
+    axes = [m.with_exec(PRIM), n.with_exec(PRIM), k.with_exec(PRIM)]
+    primitives = problem.primitives
+    try:
+        config = Problem(_gemm(primitives), tuple(axes)).to_config()
+    except ValueError:
+        return None
+    op = contraction_op(config, 1)
+    if not isinstance(op.spec, BrgemmSpec):
+        return None
+    form = choose_blocking(op.spec, Target.host()).form
+    form_rank = {"outer": 0, "mirror": 1, "dot": 2}[form]
+    return form_rank, int(op.spec.trans_a) + int(op.spec.trans_b)
+
+
+def _gemm(primitives: Primitives) -> Primitives:
+    return Primitives(primitives.data_type, PrimFirst.NONE, PrimMain.GEMM, PrimLast.NONE)
+
+
+def contraction(problem: Problem) -> tuple[Problem, str]:
+    """Choose the kernel's M, N, K (and batch-reduce) axes and block sizes for a contraction."""
+    axes = list(problem.axes)
+    for needed in (DimType.M, DimType.N, DimType.K):
+        if not any(a.dim_type is needed for a in axes):
+            axes.append(_dummy(needed))  # a size-1 axis gives the kernel its missing dimension
+    by_type = {t: [a for a in axes if a.dim_type is t] for t in DimType}
+    best = None
+    for m, n, k in product(by_type[DimType.M], by_type[DimType.N], by_type[DimType.K]):
+        quality = _tile_quality(problem, m, n, k)
+        if quality is None:
+            continue
+        # Prefer kernel layouts, then big tiles (log-size product), then unit output stride.
+        key = (quality, -(m.size * n.size * k.size))
+        if best is None or key < best[0]:
+            best = (key, m, n, k)
+    if best is None:
+        m = min(by_type[DimType.M], key=lambda a: (a.stride(Tensor.OUT), -a.size))
+        n = min(by_type[DimType.N], key=lambda a: (a.stride(Tensor.OUT), -a.size))
+        k = max(by_type[DimType.K], key=lambda a: a.size)
+        note = "no kernel layout fits any axis choice: the generic primitive will run"
+    else:
+        _, m, n, k = best
+        note = ""
+    itemsize = problem.primitives.data_type.itemsize
+    lanes = Target.host().lanes(itemsize)
+    # Block sizes: kernel tiles that keep a batch element's A and B blocks in L2.
+    out_unit = m.stride(Tensor.OUT) == 1 or n.stride(Tensor.OUT) != 1
+    row, column = (m, n) if out_unit else (n, m)
+    targets = BLOCK_TARGETS[itemsize]
+    row_block = block_size(row.size, targets[0], 16, 4 * targets[0], lanes)
+    column_block = block_size(column.size, targets[1], 8, 2 * targets[1], 4)
+    k_block = block_size(k.size, targets[2], 16, 4 * targets[2], 4)
+    rest = [a for a in axes if a is not m and a is not n and a is not k]
+    loops: list[Axis] = []
+    prims: list[Axis] = []
+    parts = {}
+    for axis, block in ((row, row_block), (column, column_block)):
+        if block < axis.size:
+            outer, inner = split(axis, block)
+            loops.append(outer)
+            parts[id(axis)] = inner
+        else:
+            parts[id(axis)] = axis
+    # K: the block is the GEMM K; the blocks (or else another K axis) the batch-reduce axis.
+    batch: Axis | None = None
+    gemm_k = k
+    if k_block < k.size:
+        batch, gemm_k = split(k, k_block)
+    else:
+        others = [a for a in rest if a.dim_type is DimType.K]
+        if others:
+            batch = max(others, key=lambda a: a.size)
+            rest = [a for a in rest if a is not batch]
+    prims = [parts[id(m)].with_exec(PRIM), parts[id(n)].with_exec(PRIM)]
+    if batch is not None:
+        prims.append(batch.with_exec(PRIM))
+    prims.append(gemm_k.with_exec(PRIM))
+    main = PrimMain.BRGEMM if batch is not None else PrimMain.GEMM
+    primitives = Primitives(
+        problem.primitives.data_type,
+        problem.primitives.prim_first,
+        main,
+        problem.primitives.prim_last,
+    )
+    result = Problem(primitives, tuple(loops + [a.with_exec(ExecType.SEQ) for a in rest] + prims))
+    text = (
+        f"{main.value} on M {parts[id(m)].size} (of {m.size}), N {parts[id(n)].size} "
+        f"(of {n.size}), K {gemm_k.size} (of {k.size})"
+        + (f", batch-reduce {batch.size}" if batch is not None else "")
+        + (f"; {note}" if note else "")
+    )
+    return result, text
+
+
+def unary(problem: Problem) -> tuple[Problem, str]:
+    """Copy/ReLU (or only first/last primitives): the output's unit-stride axis and, for a
+    transpose, in0's unit-stride axis become the tile; other axes loop around it."""
+    axes = list(problem.axes)
+    reads = problem.primitives.prim_main.is_unary
+    tile_types = (DimType.C, DimType.M, DimType.N)
+    candidates = [a for a in axes if a.dim_type in tile_types]
+    if not candidates:
+        axes.append(_dummy(DimType.C))
+        candidates = [axes[-1]]
+    row = min(candidates, key=lambda a: (a.stride(Tensor.OUT), -a.size))
+    column = None
+    source_unit = [a for a in candidates if a is not row and a.stride(Tensor.IN0) == 1]
+    transposed = reads and row.stride(Tensor.IN0) != 1 and bool(source_unit)
+    if transposed:
+        column = source_unit[0]
+    else:
+        others = [a for a in candidates if a is not row]
+        if others:
+            column = min(others, key=lambda a: a.stride(Tensor.OUT))
+    itemsize = problem.primitives.data_type.itemsize
+    loops: list[Axis] = []
+    prims: list[Axis] = []
+    l2 = cache_sizes()["L2"]
+    for axis, is_row in ((row, True), (column, False)):
+        if axis is None:
+            continue
+        if transposed:
+            block = block_size(axis.size, 64, 16, 256, 16)
+        elif is_row:
+            block = axis.size
+        else:  # keep the tile within half of L2 so threads get loops to share
+            limit = max(1, l2 // 2 // (row.size * itemsize))
+            block = (
+                block_size(axis.size, limit, 1, max(limit, 1), 1)
+                if axis.size > limit
+                else axis.size
+            )
+        if block < axis.size:
+            outer, inner = split(axis, block)
+            loops.append(outer)
+            prims.append(inner.with_exec(PRIM))
+        else:
+            prims.append(axis.with_exec(PRIM))
+    rest = [
+        a.with_exec(ExecType.SEQ)
+        for a in axes
+        if a is not row and a is not column and a.dim_type in tile_types
+    ]
+    k_axes = [a.with_exec(PRIM) for a in axes if a.dim_type is DimType.K]
+    result = problem.with_axes(loops + rest + prims + k_axes)
+    shape = " x ".join(str(a.size) for a in prims)
+    kind = "transposed" if transposed else "direct"
+    return result, f"{kind} tile {shape} ({'reads in0' if reads else 'output only'})"

@@ -1,0 +1,291 @@
+"""teir.einsum against np.einsum: NumPy's own cases, views of every kind, out=, options,
+errors, contract_expression, and generated einsums."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import teir
+
+RNG = np.random.default_rng(7)
+
+# (subscripts, shapes) in the spirit of NumPy's test_einsum: one and two operands.
+CASES = [
+    ("i->i", [(6,)]),
+    ("ij->ij", [(3, 4)]),
+    ("ij->ji", [(3, 4)]),
+    ("ijk->kji", [(2, 3, 4)]),
+    ("ijkl->ljik", [(2, 3, 4, 5)]),
+    ("ii->i", [(5, 5)]),
+    ("ii", [(5, 5)]),
+    ("iii->i", [(3, 3, 3)]),
+    ("ij->", [(3, 4)]),
+    ("ij->i", [(3, 4)]),
+    ("ij->j", [(3, 4)]),
+    ("ijk->ik", [(2, 3, 4)]),
+    ("...->...", [(2, 3)]),
+    ("...ij->...ji", [(2, 3, 4)]),
+    ("i...->...", [(3, 2, 4)]),
+    ("ji", [(3, 4)]),
+    ("i,i", [(5,), (5,)]),
+    ("i,i->i", [(5,), (5,)]),
+    ("i,j->ij", [(3,), (4,)]),
+    ("i,j", [(3,), (4,)]),
+    ("ij,j->i", [(3, 4), (4,)]),
+    ("ij,i->j", [(3, 4), (3,)]),
+    ("ij,jk->ik", [(3, 4), (4, 5)]),
+    ("ij,jk", [(3, 4), (4, 5)]),
+    ("ij,kj->ik", [(3, 4), (5, 4)]),
+    ("ji,jk->ik", [(4, 3), (4, 5)]),
+    ("ji,kj->ik", [(4, 3), (5, 4)]),
+    ("ij,jk->ki", [(3, 4), (4, 5)]),
+    ("ij,ij->ij", [(3, 4), (3, 4)]),
+    ("ij,ij->", [(3, 4), (3, 4)]),
+    ("ij,ji->", [(3, 4), (4, 3)]),
+    ("bij,bjk->bik", [(4, 3, 5), (4, 5, 2)]),
+    ("bij,bjk->bki", [(4, 3, 5), (4, 5, 2)]),
+    ("ijk,jil->kl", [(3, 4, 5), (4, 3, 2)]),
+    ("abcd,dcbe->ae", [(2, 3, 4, 5), (5, 4, 3, 6)]),
+    ("trus,pqtu->pqrs", [(3, 4, 5, 6), (2, 3, 3, 5)]),
+    ("iij,jk->ik", [(4, 4, 5), (5, 3)]),
+    ("ijk,jl->il", [(3, 4, 5), (4, 6)]),
+    (",i->i", [(), (3,)]),
+    ("i,->i", [(3,), ()]),
+    (",->", [(), ()]),
+    ("...ij,...jk", [(5, 1, 3, 4), (2, 4, 6)]),
+    ("ij...,jk...", [(3, 4, 5), (4, 6, 1)]),
+    ("...,...", [(3,), (2, 3)]),
+    ("ij,ij->ij", [(3, 1), (3, 4)]),
+    ("ij,jk", [(3, 1), (4, 2)]),
+    ("Ba,aC->BC", [(3, 4), (4, 5)]),
+    ("ba", [(3, 4)]),
+    ("i j -> j i", [(2, 3)]),
+    ("ij,jk->ik", [(1, 1), (1, 1)]),
+    ("ij,jk->ik", [(97, 61), (61, 13)]),
+    ("mk,kn->mn", [(130, 70), (70, 90)]),
+    ("ik,jk->ij", [(64, 48), (32, 48)]),
+    ("abc,cd->abd", [(7, 11, 13), (13, 5)]),
+    ("ab,bcd->acd", [(6, 9), (9, 4, 7)]),
+]
+
+
+def operands(shapes, dtype=np.float64):
+    return [RNG.uniform(-1, 1, shape).astype(dtype) for shape in shapes]
+
+
+def check(subscripts, ops, **options):
+    got = teir.einsum(subscripts, *ops, **options)
+    expected = np.einsum(subscripts, *[np.asarray(o, dtype=np.float64) for o in ops])
+    assert np.shape(got) == np.shape(expected)
+    dtype = np.result_type(*ops) if ops else np.float64
+    tolerance = 1e-4 if dtype == np.float32 else 1e-11
+    np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance)
+    return got
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("subscripts", "shapes"), CASES, ids=[c[0] for c in CASES])
+def test_numpy_cases(subscripts, shapes, dtype):
+    result = check(subscripts, operands(shapes, dtype))
+    if np.ndim(result) > 0:
+        assert result.dtype == dtype
+
+
+def test_scalar_results_are_numpy_scalars():
+    value = teir.einsum("i,i", np.ones(3), np.ones(3))
+    assert isinstance(value, np.float64) and value == 3
+
+
+def test_views_transposed_sliced_negative_and_broadcast():
+    base = RNG.uniform(-1, 1, (20, 30))
+    other = RNG.uniform(-1, 1, (30, 20))
+    check("ij,jk->ik", [base.T, other.T])
+    check("ij,jk->ik", [base[::2, 1::3], other[1::3, ::4]])
+    check("ij,jk->ik", [base[::-1], other[:, ::-2]])
+    check("ij,jk->ik", [np.broadcast_to(base[:1], (20, 30)), other])
+    check("ij->ji", [base[3:15:2, ::-3]])
+    check("ijk->kij", [RNG.uniform(-1, 1, (4, 5, 6)).transpose(2, 0, 1)])
+    fortran = np.asfortranarray(base)
+    check("ij,jk", [fortran, other])
+
+
+def test_mixed_precision_promotes_like_numpy():
+    a = RNG.uniform(-1, 1, (4, 5)).astype(np.float32)
+    b = RNG.uniform(-1, 1, (5, 3))
+    assert teir.einsum("ij,jk", a, b).dtype == np.einsum("ij,jk", a, b).dtype == np.float64
+    assert teir.einsum(",i->i", 2.0, a[0]).dtype == np.float64
+
+
+def test_out_in_place_and_layouts():
+    a, b = operands([(6, 7), (7, 5)])
+    expected = a @ b
+    out = np.full((6, 5), 9.0)
+    assert teir.einsum("ij,jk->ik", a, b, out=out) is out
+    np.testing.assert_allclose(out, expected)
+    fortran = np.asfortranarray(np.zeros((6, 5)))
+    teir.einsum("ij,jk->ik", a, b, out=fortran)
+    np.testing.assert_allclose(fortran, expected)
+    big = np.zeros((12, 15))
+    view = big[::2, ::3]
+    teir.einsum("ij,jk->ik", a, b, out=view)
+    np.testing.assert_allclose(view, expected)
+    assert not big[1::2].any()
+    reversed_out = np.zeros((6, 5))[::-1]
+    teir.einsum("ij,jk->ik", a, b, out=reversed_out)
+    np.testing.assert_allclose(reversed_out, expected)
+
+
+def test_out_overlapping_an_input():
+    a = RNG.uniform(-1, 1, (5, 5))
+    expected = a @ a
+    teir.einsum("ij,jk->ik", a, a.copy(), out=a)
+    np.testing.assert_allclose(a, expected)
+    x = RNG.uniform(-1, 1, (4, 4))
+    transposed = x.T.copy()
+    teir.einsum("ij->ji", x, out=x)
+    np.testing.assert_allclose(x, transposed)
+
+
+def test_accumulate_and_relu():
+    a, b = operands([(6, 7), (7, 5)])
+    out = RNG.uniform(-1, 1, (6, 5))
+    start = out.copy()
+    teir.einsum("ij,jk->ik", a, b, out=out, accumulate=True)
+    np.testing.assert_allclose(out, start + a @ b)
+    np.testing.assert_allclose(teir.einsum("ij,jk->ik", a, b, relu=True), np.maximum(a @ b, 0))
+    out = start.copy()
+    teir.einsum("ij,jk->ik", a, b, out=out, accumulate=True, relu=True)
+    np.testing.assert_allclose(out, np.maximum(start + a @ b, 0))
+    out = start.copy()
+    teir.einsum("ij->ji", a[:5, :6], out=out, accumulate=True)
+    np.testing.assert_allclose(out, start + a[:5, :6].T)
+    np.testing.assert_allclose(teir.einsum("ij->ji", a, relu=True), np.maximum(a.T, 0))
+
+
+def test_zero_sized_dimensions():
+    np.testing.assert_array_equal(
+        teir.einsum("ij,jk->ik", np.ones((3, 0)), np.ones((0, 2))), np.zeros((3, 2))
+    )
+    assert teir.einsum("ij,jk->ik", np.ones((0, 4)), np.ones((4, 2))).shape == (0, 2)
+
+
+def test_three_or_more_operands():
+    a, b, c, d = operands([(3, 4), (4, 5), (5, 6), (6, 2)])
+    np.testing.assert_allclose(teir.einsum("ij,jk,kl,lm->im", a, b, c, d), a @ b @ c @ d)
+    np.testing.assert_allclose(teir.einsum("ij,jk,kl", a, b, c), a @ b @ c)
+    x = RNG.uniform(-1, 1, (2, 3, 4))
+    np.testing.assert_allclose(
+        teir.einsum(
+            "abc,ci,ai->bi", x, RNG.uniform(-1, 1, (4, 5))[:, :3], RNG.uniform(-1, 1, (2, 3))
+        ).shape,
+        (3, 3),
+    )
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: teir.einsum("ij,jk", np.ones((2, 3), int), np.ones((3, 2))), "int64"),
+        (lambda: teir.einsum("ij,jk", np.ones((2, 3)), np.ones((4, 2))), "size"),
+        (lambda: teir.einsum("ij->k", np.ones((2, 3))), "does not appear"),
+        (lambda: teir.einsum("i->ii", np.ones(3)), "more than once"),
+        (lambda: teir.einsum("ij", np.ones(3)), "dimensions"),
+        (lambda: teir.einsum("i,i", np.ones(3)), "operand"),
+        (lambda: teir.einsum("i#", np.ones((2, 2))), "not a valid subscript"),
+        (lambda: teir.einsum("ii->i", np.ones((3, 4))), "different sizes"),
+        (
+            lambda: teir.einsum(
+                "ij,jk->ik", np.ones((2, 3)), np.ones((3, 2)), out=np.zeros((3, 3))
+            ),
+            "shape",
+        ),
+        (
+            lambda: teir.einsum(
+                "ij,jk->ik", np.ones((2, 3)), np.ones((3, 2)), out=np.zeros((2, 2), np.float32)
+            ),
+            "dtype",
+        ),
+        (lambda: teir.einsum("i", np.ones(3, np.complex128)), "complex128"),
+        (lambda: teir.einsum(3, np.ones(3)), "string"),
+    ],
+)
+def test_errors(call, match):
+    with pytest.raises(teir.TeirError, match=match):
+        call()
+    assert issubclass(teir.EinsumError, ValueError)
+
+
+def test_read_only_out():
+    out = np.zeros((2, 2))
+    out.flags.writeable = False
+    with pytest.raises(teir.EinsumError, match="read-only"):
+        teir.einsum("ij,jk->ik", np.ones((2, 3)), np.ones((3, 2)), out=out)
+
+
+def test_contract_expression_is_reusable():
+    expr = teir.contract_expression("bij,bjk->bik", (4, 6, 5), (4, 5, 3), dtype=np.float32)
+    for _ in range(3):
+        x, y = operands([(4, 6, 5), (4, 5, 3)], np.float32)
+        np.testing.assert_allclose(expr(x, y), x @ y, rtol=1e-5)
+    assert "BRGEMM" in expr.explain() or "GEMM" in expr.explain()
+    with pytest.raises(teir.EinsumError, match="shape"):
+        expr(np.ones((4, 6, 5), np.float32), np.ones((4, 5, 4), np.float32))
+    with pytest.raises(teir.EinsumError, match="expected 2 operands"):
+        expr(np.ones((4, 6, 5), np.float32))
+
+
+def test_plans_are_cached():
+    a, b = operands([(9, 8), (8, 7)])
+    first = teir.einsum_plan("ij,jk->ik", a, b)
+    assert teir.einsum_plan("ij,jk->ik", a + 1, b) is first
+    assert teir.einsum_plan("ij,jk->ik", a.T.copy().T, b) is not first  # other strides
+
+
+def test_large_contraction_uses_kernels():
+    a, b = operands([(256, 192), (192, 160)], np.float32)
+    plan = teir.einsum_plan("ij,jk->ik", a, b)
+    assert "generic" not in plan.explain()
+    check("ij,jk->ik", [a, b])
+
+
+@st.composite
+def random_einsum(draw):
+    letters = "abcdef"
+    sizes = {c: draw(st.integers(1, 5)) for c in letters}
+    count = draw(st.integers(1, 2))
+    terms = []
+    for _ in range(count):
+        labels = draw(st.lists(st.sampled_from(letters), min_size=0, max_size=4))
+        terms.append("".join(labels))
+    used = sorted(set("".join(terms)))
+    output = draw(st.permutations(used))
+    output = "".join(output[: draw(st.integers(0, len(used)))])
+    subscripts = ",".join(terms) + "->" + output
+    dtype = draw(st.sampled_from([np.float32, np.float64]))
+    arrays = []
+    for term in terms:
+        shape = [sizes[c] for c in term]
+        kind = draw(st.sampled_from(["plain", "transposed", "strided", "reversed"]))
+        seed = draw(st.integers(0, 2**31))
+        rng = np.random.default_rng(seed)
+        if kind == "strided":
+            big = rng.uniform(-1, 1, [2 * n for n in shape]).astype(dtype)
+            array = big[tuple(slice(None, None, 2) for _ in shape)]
+        elif kind == "transposed" and len(shape) > 1:
+            array = rng.uniform(-1, 1, shape[::-1]).astype(dtype).T
+        elif kind == "reversed" and shape:
+            array = rng.uniform(-1, 1, shape).astype(dtype)[::-1]
+        else:
+            array = rng.uniform(-1, 1, shape).astype(dtype)
+        arrays.append(array)
+    return subscripts, arrays
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_einsum())
+def test_generated_einsums_equal_numpy(case):
+    subscripts, arrays = case
+    check(subscripts, arrays)
