@@ -41,6 +41,17 @@ def add_parser(commands: Any) -> None:
         "--seconds", type=float, default=0.5, help="time per measurement (default: %(default)s)"
     )
     course.set_defaults(handler=run_course)
+    suite = suites.add_parser(
+        "einsum", help="binary contractions and permutations against numpy and torch"
+    )
+    suite.add_argument("--dtype", choices=["f32", "f64", "fp32", "fp64"], default="f32")
+    suite.add_argument("--json", action="store_true", help="print the report as JSON")
+    suite.add_argument("--plot", metavar="FILE.png", help="save a chart (needs matplotlib)")
+    suite.add_argument(
+        "--seconds", type=float, default=0.3, help="time per measurement (default: %(default)s)"
+    )
+    suite.add_argument("--threads", type=int, default=None, metavar="N")
+    suite.set_defaults(handler=run_einsum)
 
 
 def run_kernels(args: argparse.Namespace) -> int:
@@ -62,4 +73,15 @@ def run_course(args: argparse.Namespace) -> int:
     )
     report = course.run(dtypes, args.seconds)
     print(json.dumps(report, indent=1) if args.json else course.format_report(report))
+    return 0
+
+
+def run_einsum(args: argparse.Namespace) -> int:
+    from teir.bench import einsum_suite
+
+    dtype = {"fp32": "f32", "fp64": "f64"}.get(args.dtype, args.dtype)
+    report = einsum_suite.run(dtype, args.seconds, args.threads)
+    print(json.dumps(report, indent=1) if args.json else einsum_suite.format_report(report))
+    if args.plot:
+        einsum_suite.plot(report, args.plot)
     return 0

@@ -146,6 +146,8 @@ def einsum(
     if out_array is not None:
         out_array = _check_out(out_array, plan.out_shape, dtype)
     result = out_array if out_array is not None else np.empty(plan.out_shape, dtype)
+    if plan.canonical is not None:
+        return _through_canonical(plan, arrays, out, threads, accumulate, relu)
     if plan.empty:
         if not accumulate:
             result[...] = 0
@@ -184,6 +186,55 @@ def einsum(
     if out is None and result.ndim == 0:
         return result[()]
     return result
+
+
+def _through_canonical(
+    plan: Plan, arrays: list[np.ndarray], out: Any, threads: int, accumulate: bool, relu: bool
+) -> Any:
+    """The documented fallback when no kernel layout fits: permute the operands (Copy
+    kernels) into layouts that do, contract, and permute the result into place."""
+    assert plan.canonical is not None
+    letters: dict[str, str] = {}
+
+    def name(label: str) -> str:
+        return letters.setdefault(
+            label, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"[len(letters)]
+        )
+
+    prepared_operands = []
+    for index, array in enumerate(arrays):
+        prepared = operand(array, plan.subscripts.inputs[index], index)
+        labels = plan.reductions[index]
+        prepared_operands.append(sum_out(prepared, labels) if labels else prepared)
+    sizes: dict[str, int] = {}
+    for prepared in prepared_operands:
+        for label in prepared.labels:
+            sizes[label] = max(sizes.get(label, 1), prepared.sizes[label])
+    views = []
+    for prepared in prepared_operands:
+        view = np.lib.stride_tricks.as_strided(
+            prepared.array,
+            shape=[prepared.sizes[x] for x in prepared.labels],
+            strides=[prepared.strides[x] * prepared.array.itemsize for x in prepared.labels],
+        )
+        # Broadcast dimensions are materialized: the copies must have real unit strides.
+        view = np.broadcast_to(view, [sizes[x] for x in prepared.labels])
+        views.append(("".join(name(x) for x in prepared.labels), view))
+    orders = ["".join(name(x) for x in order) for order in plan.canonical]
+    output = "".join(name(x) for x in plan.subscripts.output)
+    copies = [
+        einsum(f"{labels}->{order}", view, threads=threads)
+        for (labels, view), order in zip(views, orders[:2])
+    ]
+    product = einsum(f"{orders[0]},{orders[1]}->{orders[2]}", *copies, threads=threads)
+    return einsum(
+        f"{orders[2]}->{output}",
+        product,
+        out=out,
+        threads=threads,
+        accumulate=accumulate,
+        relu=relu,
+    )
 
 
 def _pairwise(

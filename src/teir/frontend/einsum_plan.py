@@ -112,8 +112,10 @@ class Plan:
     operation: Operation | None
     log: tuple[str, ...]
     reductions: list[list[str]] = field(default_factory=list)
-    swap: bool = False
     empty: bool = False
+    # Set when no kernel layout fits the operands as they lie: label orders (in0, in1, out)
+    # that do fit, for the documented fallback of copying into them.
+    canonical: tuple[str, str, str] | None = None
 
     def explain(self) -> str:
         lines = [
@@ -125,6 +127,12 @@ class Plan:
                 lines.append(f"# operand {index}: {''.join(labels)} summed out with NumPy first")
         if self.empty:
             lines.append("# a dimension of size 0: the result is zeros")
+        if self.canonical is not None:
+            lines.append(
+                "# no kernel layout fits the operands as they lie: they are copied "
+                f"into the orders {self.canonical[0]}, {self.canonical[1]} -> "
+                f"{self.canonical[2]} (innermost last) and the result back"
+            )
         lines += [f"# optimize: {line}" for line in self.log]
         if self.operation is not None:
             lines += ["", self.operation.explain()]
@@ -235,7 +243,27 @@ def make_plan(
     plan.config = config
     plan.log = log
     plan.operation = compile_config(config, threads)
+    main = plan.operation.nest.main
+    if len(inputs) == 2 and main is not None and main.kind == "generic":
+        orders = canonical_orders(inputs, output)
+        already = all(
+            "".join(op.labels) == order and op.array.flags.c_contiguous
+            for op, order in zip(inputs, orders)
+        )
+        if not already:  # copies into these orders fit a kernel (and are not made twice)
+            plan.canonical = orders
     return plan, inputs
+
+
+def canonical_orders(inputs: list[Operand], output: tuple[str, ...]) -> tuple[str, str, str]:
+    """Label orders that give the GEMM kernel unit strides: in0 (C, K, M), in1 (C, N, K),
+    out (C, N, M), innermost last."""
+    in0, in1 = inputs[0].labels, inputs[1].labels
+    c = [x for x in output if x in in0 and x in in1]
+    m = [x for x in output if x in in0 and x not in in1]
+    n = [x for x in output if x in in1 and x not in in0]
+    k = [x for x in in0 if x in in1 and x not in output]
+    return "".join(c + k + m), "".join(c + n + k), "".join(c + n + m)
 
 
 def _out_strides(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from teir.codegen.generic import GenericAxis, GenericSpec
 from teir.codegen.specs import BrgemmSpec, KernelError, UnaryOp, UnarySpec
+from teir.codegen.target import Target
 from teir.ir import Config, DimType, ExecType, PrimMain, Schedule, Tensor
 from teir.ir.layout import is_injective
 
@@ -144,6 +145,14 @@ def _brgemm(
     if len(k_axes) == 2:
         batch = k_axes[0].size
         stride_a, stride_b = k_axes[0].strides[a], k_axes[0].strides[b]
+    # Vectors run along M (A not transposed) or along K (A transposed): prefer the direction
+    # that fills more vector lanes, e.g. a dot product (m = 1) vectorizes along K.
+    lanes = Target.host().lanes(config.data_type.itemsize)
+
+    def filled(extent: int) -> float:
+        return extent / (-(-extent // lanes) * lanes)
+
+    a_layouts.sort(key=lambda layout: -(filled(k) * 0.9 if layout[0] else filled(m)))
     for trans_a, lda in a_layouts:
         for trans_b, ldb in b_layouts:
             if 0 in (lda, ldb, ldc):

@@ -1,0 +1,87 @@
+"""Child process of ``teir bench einsum``: times einsums on a baseline library, alone in its
+process and with its thread count set before the library loads.
+
+Usage: ``python -m teir.bench.baseline_runner numpy|torch`` with JSON on standard input:
+``{"cases": [[subscripts, [shapes...], dtype], ...], "seconds": budget, "threads": n}``.
+Prints a JSON list of best seconds per case (``null`` where the library failed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def _best(run: Callable[..., Any], seconds: float) -> float:
+    run()
+    best = float("inf")
+    deadline = time.perf_counter() + seconds
+    count = 0
+    while count < 3 or time.perf_counter() < deadline:
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+        count += 1
+    return best
+
+
+def main() -> None:
+    library = sys.argv[1]
+    request = json.load(sys.stdin)
+    threads = str(request["threads"])
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = threads
+    import numpy as np
+
+    results: list[float | None] = []
+    torch: Any = None
+    if library == "torch":
+        import torch
+
+        torch.set_num_threads(int(threads))
+    for subscripts, shapes, dtype in request["cases"]:
+        try:
+            rng = np.random.default_rng(0)
+            arrays = [rng.uniform(-1, 1, shape).astype(dtype) for shape in shapes]
+            if library == "numpy" and len(arrays) == 1 and "->" in subscripts:
+                # A permutation: NumPy's copy of the transposed view into a new array.
+                source, target = subscripts.split("->")
+                order = [source.index(c) for c in target]
+                out = np.empty([shapes[0][i] for i in order], dtype)
+                results.append(
+                    _best(
+                        lambda a=arrays[0], o=out, p=order: np.copyto(o, a.transpose(p)),
+                        request["seconds"],
+                    )
+                )
+            elif library == "numpy":
+                results.append(
+                    _best(
+                        lambda a=arrays, s=subscripts: np.einsum(s, *a, optimize=True),
+                        request["seconds"],
+                    )
+                )
+            elif len(arrays) == 1 and "->" in subscripts:
+                # A permutation: torch.einsum returns a view; the copy is .contiguous().
+                source, target = subscripts.split("->")
+                order = [source.index(c) for c in target]
+                tensor = torch.from_numpy(arrays[0])
+                results.append(
+                    _best(lambda t=tensor, p=order: t.permute(*p).contiguous(), request["seconds"])
+                )
+            else:
+                tensors = [torch.from_numpy(a) for a in arrays]
+                results.append(
+                    _best(lambda t=tensors, s=subscripts: torch.einsum(s, *t), request["seconds"])
+                )
+        except Exception:
+            results.append(None)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""teir.optimize: invariants of the passes, equality with the unoptimized configuration."""
+
+from __future__ import annotations
+
+import json
+from math import prod
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import teir
+from helpers import EXAMPLES, operands
+from strategies import configs
+from teir import reference
+
+UNSCHEDULED = sorted((EXAMPLES / "unscheduled").glob("*.json"))
+
+
+def size_products(config: teir.Config) -> dict[teir.DimType, int]:
+    return {
+        t: prod(n for n, u in zip(config.dim_sizes, config.dim_types) if u is t)
+        for t in teir.DimType
+    }
+
+
+@pytest.mark.parametrize("path", UNSCHEDULED, ids=lambda p: p.stem)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_optimizer_inputs_become_valid_kernel_schedules(path, threads):
+    data = json.loads(path.read_text())
+    config, log = teir.optimize_with_log(data, threads=threads)
+    assert config.prim_main in (teir.PrimMain.GEMM, teir.PrimMain.BRGEMM)
+    assert config.flops == data["flops"]
+    op = teir.compile(config, threads=threads)
+    text = op.explain()
+    assert "generic" not in text
+    assert len(log) == 5 and all(": " in line for line in log)
+    if threads == 2:
+        assert any(e is teir.ExecType.SHARED for e in config.exec_types)
+        assert len(op.slices) == 2
+
+
+def test_optimized_contraction_is_fused_like_the_gemm():
+    data = json.loads((EXAMPLES / "unscheduled" / "opt_contraction_64_25.json").read_text())
+    _, log = teir.optimize_with_log(data, threads=1)
+    assert "fused" in log[1]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs(max_dims=5, max_size=6), st.sampled_from([1, 2, 3]), st.integers(0, 2**31))
+def test_optimized_configs_compute_the_same_result(data, threads, seed):
+    original = teir.Config.from_dict(data)
+    optimized = teir.optimize(original, threads=threads)
+    # The optimizer keeps the operation: per-type size products and each tensor's extent.
+    kept = size_products(original)
+    new = size_products(optimized)
+    for dim_type in teir.DimType:
+        assert new[dim_type] == kept[dim_type] or (kept[dim_type] == 1 and new[dim_type] == 1)
+    for tensor in teir.Tensor:
+        if original.uses(tensor):
+            assert optimized.extent(tensor) <= original.extent(tensor)
+    in0, in1, out = operands(original, seed)
+    expected = out.copy()
+    reference.execute(original, in0, in1, expected)
+    got = out.copy()
+    teir.compile(optimized, threads=threads)(in0, in1, got)
+    eps = float(np.finfo(original.dtype).eps)
+    k = prod(n for n, t in zip(original.dim_sizes, original.dim_types) if t is teir.DimType.K)
+    np.testing.assert_allclose(got, expected, rtol=8 * eps * (k + 2), atol=8 * eps * (k + 2))
+
+
+def test_aliasing_output_with_first_primitive_is_kept_as_written():
+    config = teir.Config(
+        data_type="FP64",
+        prim_first="Zero",
+        prim_main="GEMM",
+        dim_types=["M", "M", "N", "K"],
+        exec_types=["seq", "prim", "prim", "prim"],
+        dim_sizes=[3, 2, 2, 2],
+        strides_in0=[4, 1, 0, 2],
+        strides_in1=[0, 0, 2, 1],
+        strides_out=[0, 1, 2, 0],
+    )
+    optimized, log = teir.optimize_with_log(config)
+    assert optimized == config and "aliases" in log[0]
+
+
+def test_bad_inputs():
+    with pytest.raises(teir.ValidationError):
+        teir.optimize({"data_type": "FP16"})
+    with pytest.raises(teir.ValidationError):
+        teir.optimize([1, 2, 3])
+    with pytest.raises(teir.TeirError, match="threads"):
+        teir.optimize(teir.load(EXAMPLES / "lab1_gemm.json"), threads=0)
+
+
+def test_awkward_sizes_keep_kernels():
+    for size in (97, 1000, 1601):
+        data = {
+            "data_type": "FP32",
+            "prim_main": "GEMM",
+            "dim_types": ["M", "N", "K"],
+            "exec_types": ["seq"] * 3,
+            "dim_sizes": [size, 48, 64],
+            "strides_in0": [1, 0, size],
+            "strides_in1": [0, 64, 1],
+            "strides_out": [1, size, 0],
+        }
+        config = teir.optimize(data, threads=2)
+        assert "generic" not in teir.compile(config, threads=2).explain()
