@@ -60,7 +60,7 @@ def optimize_with_log(
         problem, text = step(problem)
         log.append(f"{step.__name__}: {text}")
     if prims.prim_main.is_contraction:
-        problem, text = contraction(problem)
+        problem, text = contraction(problem, threads)
         log.append(f"identify primitive: {text}")
     else:
         problem, text = unary(problem)

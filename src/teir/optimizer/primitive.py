@@ -5,6 +5,7 @@ tile always maps to a kernel when any choice does."""
 from __future__ import annotations
 
 from itertools import product
+from math import prod
 
 from teir.codegen.brgemm import choose_blocking
 from teir.codegen.specs import BrgemmSpec
@@ -12,7 +13,7 @@ from teir.codegen.target import Target, cache_sizes
 from teir.ir import DimType, ExecType, PrimFirst, Primitives, PrimLast, PrimMain, Tensor
 from teir.lower.tiles import contraction_op
 from teir.optimizer.problem import Axis, Problem
-from teir.optimizer.simplify import block_size, split
+from teir.optimizer.simplify import block_size, divisors, split
 
 PRIM = ExecType.PRIM
 # Target block sizes (rows of C, columns of C, K) per element size, measured on Zen 4.
@@ -43,7 +44,7 @@ def _gemm(primitives: Primitives) -> Primitives:
     return Primitives(primitives.data_type, PrimFirst.NONE, PrimMain.GEMM, PrimLast.NONE)
 
 
-def contraction(problem: Problem) -> tuple[Problem, str]:
+def contraction(problem: Problem, threads: int = 1) -> tuple[Problem, str]:
     """Choose the kernel's M, N, K (and batch-reduce) axes and block sizes for a contraction."""
     axes = list(problem.axes)
     for needed in (DimType.M, DimType.N, DimType.K):
@@ -77,6 +78,21 @@ def contraction(problem: Problem) -> tuple[Problem, str]:
     column_block = block_size(column.size, targets[1], 8, 2 * targets[1], 4)
     k_block = block_size(k.size, targets[2], 16, 4 * targets[2], 4)
     rest = [a for a in axes if a is not m and a is not n and a is not k]
+    # Enough output tiles for every thread: smaller blocks when the whole output is one tile.
+    others = prod(a.size for a in rest if a.dim_type is not DimType.K)
+    work = 2 * prod(a.size for a in axes)
+    while threads > 1 and work > 4_000_000:
+        tiles = others * (row.size // row_block) * (column.size // column_block)
+        if tiles >= 2 * threads:
+            break
+        smaller = [d for d in divisors(column.size) if 8 <= d < column_block]
+        if smaller:
+            column_block = smaller[-1]
+            continue
+        smaller = [d for d in divisors(row.size) if lanes <= d < row_block]
+        if not smaller:
+            break
+        row_block = smaller[-1]
     loops: list[Axis] = []
     prims: list[Axis] = []
     parts = {}
