@@ -109,9 +109,9 @@ def contraction(problem: Problem, threads: int = 1) -> tuple[Problem, str]:
     if k_block < k.size:
         batch, gemm_k = split(k, k_block)
     else:
-        others = [a for a in rest if a.dim_type is DimType.K]
-        if others:
-            batch = max(others, key=lambda a: a.size)
+        k_rest = [a for a in rest if a.dim_type is DimType.K]
+        if k_rest:
+            batch = max(k_rest, key=lambda a: a.size)
             rest = [a for a in rest if a is not batch]
     prims = [parts[id(m)].with_exec(PRIM), parts[id(n)].with_exec(PRIM)]
     if batch is not None:
