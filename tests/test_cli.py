@@ -192,3 +192,23 @@ def test_bench_course(capsys):
     report = json.loads(capsys.readouterr().out)
     assert len(report["rows"]) == 6
     assert all(row["gflops"] > 0 and row["fraction"] > 0 for row in report["rows"])
+
+
+def test_optimize_command(capsys, tmp_path):
+    target = tmp_path / "scheduled.json"
+    assert (
+        main(
+            [
+                "optimize",
+                str(EXAMPLES / "unscheduled" / "opt_gemm_1600.json"),
+                "--threads",
+                "2",
+                "-o",
+                str(target),
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "# identify primitive:" in out
+    assert main(["validate", str(target)]) == 0

@@ -16,6 +16,7 @@ and share loops between threads. ``optimize_with_log`` also returns each pass's 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,7 +31,7 @@ from teir.runtime.pool import default_threads
 
 
 def optimize_with_log(
-    config: Config | Mapping[str, Any], threads: int | None = None
+    config: Config | Mapping[str, Any] | str | os.PathLike[str], threads: int | None = None
 ) -> tuple[Config, tuple[str, ...]]:
     """The optimized configuration and one line per pass saying what it decided."""
     problem = problem_from(config)
@@ -72,11 +73,13 @@ def optimize_with_log(
     return problem.to_config(), tuple(log)
 
 
-def optimize(config: Config | Mapping[str, Any], threads: int | None = None) -> Config:
+def optimize(
+    config: Config | Mapping[str, Any] | str | os.PathLike[str], threads: int | None = None
+) -> Config:
     """An equivalent configuration scheduled for speed on this machine with ``threads``.
 
-    ``config`` may also be a mapping of the fields whose prim axes are not chosen yet (all
-    ``seq``, as the course's optimizer inputs are).
+    ``config`` may also be a mapping of the fields, or the path of a JSON file holding them,
+    whose prim axes are not chosen yet (all ``seq``, as the course's optimizer inputs are).
     """
     return optimize_with_log(config, threads)[0]
 

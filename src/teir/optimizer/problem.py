@@ -3,12 +3,15 @@ primitive-placement rules (R1-R3) so that passes can move axes in and out of the
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from teir.errors import ValidationError, Violation
 from teir.ir import Config, DimType, ExecType, Primitives, Schedule, Tensor
+from teir.ir.records import parse_json
 from teir.validate import SCHEDULE_VECTORS
 
 
@@ -85,9 +88,13 @@ def _from_mapping(value: Mapping[str, Any]) -> tuple[Primitives, Schedule]:
     return primitives, schedule
 
 
-def problem_from(value: Config | Mapping[str, Any]) -> Problem:
-    """A :class:`Problem` from a configuration, or from a mapping with its fields in which the
-    prim axes need not be chosen yet (the course's optimizer inputs are all ``seq``)."""
+def problem_from(value: Config | Mapping[str, Any] | str | os.PathLike[str]) -> Problem:
+    """A :class:`Problem` from a configuration, or from a mapping with its fields (or a JSON
+    file holding one) in which the prim axes need not be chosen yet (the course's optimizer
+    inputs are all ``seq``)."""
+    if isinstance(value, (str, os.PathLike)):
+        source = os.fspath(value)
+        value = parse_json(Path(source).read_bytes(), source)
     if isinstance(value, Config):
         primitives, schedule = value.primitives, value.schedule
     elif isinstance(value, Mapping):
