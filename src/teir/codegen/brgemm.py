@@ -23,9 +23,11 @@ from teir.codegen.irtext import (
     Module,
     mask_constant,
     scalar_type,
+    shuffle_mask,
     type_suffix,
     vector_type,
 )
+from teir.codegen.shuffles import transpose_vectors
 from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target, cache_sizes
 
@@ -326,9 +328,38 @@ class _Emitter:
             return self.k_loop(accs, kinds, lambda accs, k: step(accs, vb, bb, k))
 
         acc = f.loop(batch, kinds, batch_body, "br")
+        if mirror:
+            self.store_mirror(acc, r0, c0, vectors, cols, active, overwrite)
+            return
         for col in range(cols):
             for v in range(vectors):
                 self.store_outer(acc[col * vectors + v], r0, c0, v, col, active[v], overwrite)
+
+    def store_mirror(
+        self,
+        acc: list[str],
+        r0: str | int,
+        c0: str | int,
+        vectors: int,
+        cols: int,
+        active: list[int],
+        overwrite: bool | str,
+    ) -> None:
+        """Add the mirror form's block of C^T to the column-major C: transpose it in registers
+        (lanes x lanes at a time) so that every column of C gets one contiguous update."""
+        f, lanes, spec = self.f, self.b.lanes, self.spec
+        for v in range(vectors):
+            for start in range(0, cols, lanes):
+                width = min(lanes, cols - start)
+                block = [acc[(start + i) * vectors + v] for i in range(width)]
+                block += ["zeroinitializer"] * (lanes - width)
+                columns = transpose_vectors(f, block, lanes, spec.itemsize)
+                for lane in range(active[v]):
+                    n_index = f.add_i64(r0, v * lanes + lane)
+                    offset = f.add_i64(f.add_i64(c0, start), f.mul_i64(n_index, spec.ldc))
+                    self.update_column(
+                        [(columns[lane], i) for i in range(width)], offset, overwrite
+                    )
 
     def initial_outer(
         self,
@@ -461,18 +492,89 @@ class _Emitter:
             return step(values, steps - 1, last_active)
 
         acc = f.loop(batch, kinds, batch_body, "br")
-        reduce = f"llvm.vector.reduce.fadd.{self.suffix}"
-        self.module.declare(reduce, f"declare {self.t} @{reduce}({self.t}, {self.vt})")
+        sums = self.reduce_all(acc)
         for c in range(cols):
-            for r in range(rows):
-                total = f.assign(
-                    f"call reassoc {self.t} @{reduce}({self.t} -0.0, "
-                    f"{self.vt} {acc[c * rows + r]})",
-                    "s",
+            column = [sums[c * rows + r] for r in range(rows)]
+            offset = f.add_i64(r0, f.mul_i64(f.add_i64(c0, c), spec.ldc))
+            self.update_column(column, offset, overwrite)
+
+    def reduce_all(self, vectors: list[str]) -> list[tuple[str, int]]:
+        """Horizontal sums of all ``vectors``, as (final vector, lane) per input vector.
+
+        A tree of shuffles and adds: while every input still spans w > 1 lanes, pairs of
+        vectors are combined so that each input spans w/2 lanes (its two halves added) —
+        about 3 operations per pair instead of log2(lanes) per vector.
+        """
+        f, lanes, vt = self.f, self.b.lanes, self.vt
+        # Each working vector: its SSA name and, per lane, the input it belongs to.
+        work: list[tuple[str, list[int | None]]] = [(v, [i] * lanes) for i, v in enumerate(vectors)]
+        width = lanes
+        while width > 1:
+            half = width // 2
+            if len(work) % 2:
+                work.append(("zeroinitializer", [None] * lanes))
+            low_mask, high_mask = [], []
+            for t in range(lanes // width):
+                base = t * width
+                low_mask += [base + i for i in range(half)] + [
+                    lanes + base + i for i in range(half)
+                ]
+                high_mask += [base + half + i for i in range(half)] + [
+                    lanes + base + half + i for i in range(half)
+                ]
+            paired = []
+            for (a, la), (b, lb) in zip(work[0::2], work[1::2]):
+                both = la + lb
+                low = f.assign(
+                    f"shufflevector {vt} {a}, {vt} {b}, <{lanes} x i32> {shuffle_mask(low_mask)}",
+                    "x",
                 )
-                offset = f.add_i64(f.add_i64(r0, r), f.mul_i64(f.add_i64(c0, c), spec.ldc))
-                pointer = f.gep(self.t, "%C", offset)
-                self.update_scalar(pointer, total, overwrite)
+                high = f.assign(
+                    f"shufflevector {vt} {a}, {vt} {b}, <{lanes} x i32> {shuffle_mask(high_mask)}",
+                    "x",
+                )
+                total = f.assign(f"fadd reassoc {vt} {low}, {high}", "x")
+                paired.append((total, [both[k] for k in low_mask]))
+            work = paired
+            width = half
+        where: dict[int, tuple[str, int]] = {}
+        for name, labels in work:
+            for lane, label in enumerate(labels):
+                if label is not None:
+                    where[label] = (name, lane)
+        return [where[i] for i in range(len(vectors))]
+
+    def update_column(
+        self, column: list[tuple[str, int]], offset: str | int, overwrite: bool | str
+    ) -> None:
+        """C[offset : offset + len(column)] (+)= the sums (contiguous rows of one column)."""
+        f, t = self.f, self.t
+        rows = len(column)
+        sources = list(dict.fromkeys(name for name, _ in column))
+        pointer = f.gep(t, "%C", offset)
+        if rows == 1 or len(sources) > 2:
+            for r, (name, lane) in enumerate(column):
+                element = f.assign(f"extractelement {self.vt} {name}, i64 {lane}", "e")
+                self.update_scalar(f.gep(t, pointer, r), element, overwrite)
+            return
+        second = sources[1] if len(sources) == 2 else "poison"
+        mask = [lane + (self.b.lanes if name != sources[0] else 0) for name, lane in column]
+        small = f"<{rows} x {t}>"
+        values = f.assign(
+            f"shufflevector {self.vt} {sources[0]}, {self.vt} {second}, "
+            f"<{rows} x i32> {shuffle_mask(mask)}",
+            "x",
+        )
+        align = self.spec.itemsize
+        if overwrite is not True:
+            old = f.assign(f"load {small}, ptr {pointer}, align {align}", "x")
+            total = f.assign(f"fadd {small} {old}, {values}", "x")
+            values = (
+                total
+                if overwrite is False
+                else f.assign(f"select i1 {overwrite}, {small} {values}, {small} {total}", "x")
+            )
+        f.emit(f"store {small} {values}, ptr {pointer}, align {align}")
 
 
 def brgemm_function(
