@@ -289,3 +289,24 @@ def random_einsum(draw):
 def test_generated_einsums_equal_numpy(case):
     subscripts, arrays = case
     check(subscripts, arrays)
+
+
+@pytest.mark.parametrize(
+    ("subscripts", "sizes"),
+    [
+        ("ik,kj->ij", {"i": 97, "j": 1601, "k": 30}),
+        ("ik,kj->ji", {"i": 331, "j": 337, "k": 7}),
+        ("bik,bkj->bij", {"b": 2, "i": 347, "j": 9, "k": 5}),
+    ],
+)
+def test_sizes_without_good_divisors_run_in_regions(subscripts, sizes):
+    shapes = [[sizes[c] for c in term] for term in subscripts.split("->")[0].split(",")]
+    ops = operands(shapes, np.float32)
+    plan = teir.einsum_plan(subscripts, *ops)
+    assert len(plan.regions) >= 2 and "partial tiles" in plan.explain()
+    check(subscripts, ops)
+    out = RNG.uniform(-1, 1, np.shape(np.einsum(subscripts, *ops))).astype(np.float32)
+    start = out.copy()
+    teir.einsum(subscripts, *ops, out=out, accumulate=True, relu=True)
+    expected = np.maximum(start + np.einsum(subscripts, *[o.astype(np.float64) for o in ops]), 0)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)

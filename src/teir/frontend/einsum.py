@@ -174,8 +174,15 @@ def einsum(
     addresses = [data_address(a if isinstance(a, np.ndarray) else a.array) for a in inputs]
     if len(addresses) == 1:
         addresses.append(0)
-    assert plan.operation is not None
-    plan.operation.run_addresses(addresses[0], addresses[1], data_address(target))
+    size = dtype.itemsize
+    out_address = data_address(target)
+    for region in plan.regions:
+        o0, o1, oo = region.offsets
+        region.operation.run_addresses(
+            addresses[0] + o0 * size,
+            addresses[1] + o1 * size if addresses[1] else 0,
+            out_address + oo * size,
+        )
     if target is not result:
         if unary_accumulate:
             result += target

@@ -13,13 +13,13 @@ that overlaps an input is computed into a temporary and copied back.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import product
 from typing import Any
 
 import numpy as np
 
 from teir.frontend.einsum_parse import EinsumError, Subscripts
 from teir.ir import Config
-from teir.kernels.arrays import data_address
 from teir.optimizer import optimize_with_log
 from teir.runtime.operation import Operation
 from teir.runtime.operation import compile as compile_config
@@ -101,6 +101,14 @@ def sum_out(op: Operand, labels: list[str]) -> Operand:
     )
 
 
+@dataclass(frozen=True)
+class Region:
+    """One compiled piece of the operation: its offsets (in elements) into each tensor."""
+
+    offsets: tuple[int, int, int]
+    operation: Operation
+
+
 @dataclass
 class Plan:
     """What an einsum call does for operands of given shapes, strides and dtype."""
@@ -116,6 +124,9 @@ class Plan:
     # Set when no kernel layout fits the operands as they lie: label orders (in0, in1, out)
     # that do fit, for the documented fallback of copying into them.
     canonical: tuple[str, str, str] | None = None
+    # The operation in pieces: output axes with no good block size are split into a part
+    # that tiles well and a thin rest (partial tiles, run as a second operation).
+    regions: list[Region] = field(default_factory=list)
 
     def explain(self) -> str:
         lines = [
@@ -239,10 +250,18 @@ def make_plan(
             inputs[index] = sum_out(op, lonely)
     out_strides = _out_strides(out, output, out_shape)
     fields = build_config(dtype, inputs, output, out_strides, sizes, accumulate, relu)
-    config, log = optimize_with_log(fields, threads)
-    plan.config = config
-    plan.log = log
-    plan.operation = compile_config(config, threads)
+    for index, (region_fields, offsets) in enumerate(regions(fields, len(inputs) == 2)):
+        config, log = optimize_with_log(region_fields, threads)
+        operation = compile_config(config, threads)
+        plan.regions.append(Region(offsets, operation))
+        if index == 0:
+            plan.config, plan.log, plan.operation = config, log, operation
+    if len(plan.regions) > 1:
+        plan.log += (
+            f"partial tiles: {len(plan.regions)} regions "
+            f"{[r.operation.config.dim_sizes for r in plan.regions]}",
+        )
+    assert plan.operation is not None
     main = plan.operation.nest.main
     if len(inputs) == 2 and main is not None and main.kind == "generic":
         orders = canonical_orders(inputs, output)
@@ -253,6 +272,42 @@ def make_plan(
         if not already:  # copies into these orders fit a kernel (and are not made twice)
             plan.canonical = orders
     return plan, inputs
+
+
+# Output axes longer than this with no divisor in the block range are split.
+SPLIT_ABOVE = 320
+SPLIT_MULTIPLE = 16
+
+
+def regions(
+    fields: dict[str, Any], binary: bool
+) -> list[tuple[dict[str, Any], tuple[int, int, int]]]:
+    """The configuration's fields for each region, with its offsets into (in0, in1, out).
+
+    An output axis (C, M or N) whose size has no divisor between 16 and SPLIT_ABOVE is split
+    into a multiple of 16, which tiles well, and the thin rest. Regions write disjoint parts of
+    the output, so each keeps the first/last primitives.
+    """
+    pieces: list[list[tuple[int, int]]] = []
+    for dim_type, size in zip(fields["dim_types"], fields["dim_sizes"]):
+        whole = [(0, size)]
+        if not binary or dim_type == "K" or size <= SPLIT_ABOVE:
+            pieces.append(whole)
+            continue
+        if any(size % d == 0 for d in range(16, SPLIT_ABOVE + 1)):
+            pieces.append(whole)
+            continue
+        main = size - size % SPLIT_MULTIPLE
+        pieces.append([(0, main), (main, size - main)])
+    result = []
+    for choice in product(*pieces):
+        region = dict(fields, dim_sizes=[length for _, length in choice])
+        offsets = tuple(
+            sum(start * stride for (start, _), stride in zip(choice, fields[name]))
+            for name in ("strides_in0", "strides_in1", "strides_out")
+        )
+        result.append((region, offsets))
+    return result
 
 
 def canonical_orders(inputs: list[Operand], output: tuple[str, ...]) -> tuple[str, str, str]:
@@ -280,13 +335,4 @@ def _out_strides(
     return strides
 
 
-def run_plan(plan: Plan, inputs: list[Operand], out: np.ndarray) -> None:
-    """Execute ``plan`` writing ``out`` (whose layout the plan was made for)."""
-    assert plan.operation is not None
-    addresses = [data_address(op.array) for op in inputs]
-    if len(addresses) == 1:
-        addresses.append(0)
-    plan.operation.run_addresses(addresses[0], addresses[1], data_address(out))
-
-
-__all__ = ["Operand", "Plan", "make_plan", "run_plan"]
+__all__ = ["Operand", "Plan", "Region", "make_plan"]
