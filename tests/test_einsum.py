@@ -310,3 +310,19 @@ def test_sizes_without_good_divisors_run_in_regions(subscripts, sizes):
     teir.einsum(subscripts, *ops, out=out, accumulate=True, relu=True)
     expected = np.maximum(start + np.einsum(subscripts, *[o.astype(np.float64) for o in ops]), 0)
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_numpy_keywords_and_array_likes():
+    assert teir.einsum("i,i", [1.0, 2.0], [3.0, 4.0]) == 11.0
+    result = teir.einsum(
+        "ij,jk",
+        np.ones((2, 3)),
+        np.ones((3, 2)),
+        dtype=np.float32,
+        order="C",
+        casting="same_kind",
+        optimize=True,
+    )
+    assert result.dtype == np.float32 and np.all(result == 3)
+    with pytest.raises(teir.EinsumError, match="dtype"):
+        teir.einsum("i", np.ones(2), dtype=np.int32)

@@ -38,8 +38,13 @@ def _arrays(operands: Sequence[Any]) -> list[np.ndarray]:
             array = value
         elif isinstance(value, (int, float, np.generic)) and not isinstance(value, bool):
             array = np.asarray(value, dtype=np.float64)
-        else:
+        elif hasattr(value, "__dlpack__"):
             array = as_array(f"operand {index}", value)
+        else:  # lists and other array-likes, as NumPy converts them
+            try:
+                array = np.asarray(value)
+            except (TypeError, ValueError) as error:
+                raise EinsumError(f"operand {index} is not an array: {error}") from None
         if array.dtype not in _FLOATS:
             raise EinsumError(
                 f"operand {index} has dtype {array.dtype}; teir.einsum supports float32 and "
@@ -121,6 +126,9 @@ def einsum(
     accumulate: bool = False,
     relu: bool = False,
     optimize: Any = None,
+    dtype: Any = None,
+    order: str = "K",
+    casting: str = "safe",
 ) -> Any:
     """NumPy's ``einsum`` for any number of float32/float64 operands, run through TEIR.
 
@@ -130,10 +138,16 @@ def einsum(
     two operands, NumPy's greedy contraction path is followed pairwise.
 
     ``out=`` is written in place (``accumulate=True`` adds the result to it instead);
-    ``relu=True`` applies ``max(., 0)`` to the result. ``optimize`` is accepted for
-    compatibility. Unlike NumPy, the result is always a new array (never a view).
+    ``relu=True`` applies ``max(., 0)`` to the result. ``dtype`` (float32 or float64) casts
+    the operands first; ``optimize``, ``order`` and ``casting`` are accepted for compatibility
+    (new results are C-ordered). Unlike NumPy, the result is always a new array (never a view).
     """
     arrays = _arrays(operands)
+    if dtype is not None:
+        wanted = np.dtype(dtype)
+        if wanted not in _FLOATS:
+            raise EinsumError(f"dtype must be float32 or float64, got {wanted}")
+        arrays = [a if a.dtype == wanted else a.astype(wanted) for a in arrays]
     if len(arrays) > 2:
         return _pairwise(subscripts, arrays, out, threads, accumulate, relu)
     if threads is None:
