@@ -348,3 +348,29 @@ def test_unary_overlap_without_in_place_is_refused():
     x = np.ones(4, np.float32)
     with pytest.raises(teir.ExecutionError, match="in_place"):
         copy(x, x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_packed_a_blocks(dtype):
+    # A copied per row block into a lane-padded buffer (chosen for far-apart A columns).
+    specs, blockings = [], []
+    for m, n, k, batch, beta, pad in (
+        (17, 9, 5, 3, 0, 2),
+        (33, 20, 7, 2, 1, 0),
+        (16, 16, 16, 4, 0, 1),
+        (100, 40, 9, 2, 1, 3),
+        (5, 30, 3, 1, 0, 0),
+        (64, 64, 8, 6, 0, 5),
+    ):
+        spec = brgemm_spec(dtype, m, n, k, batch, False, False, beta, pad)
+        base = choose_blocking(spec, HOST)
+        for chunk in sorted({1, batch}):
+            specs.append(spec)
+            blockings.append(
+                Blocking("outer", base.lanes, base.vectors, base.columns, chunk, pack_a=True)
+            )
+    sweep(specs, blockings=blockings)
+    wide = BrgemmSpec(
+        dtype, 64, 48, 32, 4, lda=2048, ldb=32, ldc=64, stride_a=2048 * 32, stride_b=32 * 48
+    )
+    assert choose_blocking(wide, HOST).pack_a

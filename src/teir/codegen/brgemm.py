@@ -32,6 +32,9 @@ from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target, cache_sizes
 
 K_UNROLL = 4
+# Pack A when its columns are at least this far apart, into a buffer of at most this size.
+PACK_LEADING_BYTES = 4096
+PACK_BUFFER_BYTES = 128 * 1024
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,9 @@ class Blocking:
     vectors: int
     columns: int
     chunk: int
+    # Copy each row block's A (for the chunk) into a contiguous, lane-padded buffer first:
+    # for A columns far apart in memory (many pages per block) that every column block reuses.
+    pack_a: bool = False
 
 
 def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
@@ -71,7 +77,18 @@ def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
     per_batch = spec.itemsize * (spec.m * spec.k + spec.k * spec.n)
     limit = max(1, cache_sizes()["L2"] // 2 // per_batch)
     chunk = max(d for d in range(1, min(spec.batch, limit) + 1) if spec.batch % d == 0)
-    return Blocking(form, lanes, vectors, columns, chunk)
+    pack_a = False
+    if form == "outer" and spec.m >= lanes and spec.n >= 2 * columns and not spec.trans_a:
+        packed = spec.k * vectors * lanes * spec.itemsize  # bytes per batch element
+        far_apart = spec.lda * spec.itemsize >= PACK_LEADING_BYTES
+        if far_apart and packed <= PACK_BUFFER_BYTES:
+            chunk = max(
+                d
+                for d in range(1, chunk + 1)
+                if spec.batch % d == 0 and d * packed <= PACK_BUFFER_BYTES
+            )
+            pack_a = True
+    return Blocking(form, lanes, vectors, columns, chunk, pack_a)
 
 
 def _half_width_is_free(target: Target) -> bool:
@@ -153,6 +170,7 @@ class _Emitter:
             f"<{blocking.lanes} x i1>)",
         )
         self.suffix = suffix
+        self.buffer: str | None = None
         header = (
             f"define {linkage} void @{name}(ptr noalias readonly %A, ptr noalias readonly "
             f"%B, ptr noalias %C) nounwind {attributes}"
@@ -223,37 +241,83 @@ class _Emitter:
             row_step, col_step = blk.vectors, blk.columns
         else:
             row_step, col_step = blk.vectors * blk.lanes, blk.columns
-        row_full, row_tail = divmod(rows_total, row_step)
-        col_full, col_tail = divmod(cols_total, col_step)
-        for col_count, cols, col_start in (
-            (col_full, col_step, 0),
-            (1 if col_tail else 0, col_tail, col_full * col_step),
-        ):
-            if not col_count:
-                continue
+        row_parts = _parts(rows_total, row_step)
+        col_parts = _parts(cols_total, col_step)
 
-            def col_body(
-                j: str, _: list[str], cols: int = cols, col_start: int = col_start
-            ) -> list[str]:
-                c0 = self.f.add_i64(col_start, self.f.mul_i64(j, col_step))
-                for row_count, rows, row_start in (
-                    (row_full, row_step, 0),
-                    (1 if row_tail else 0, row_tail, row_full * row_step),
-                ):
-                    if not row_count:
-                        continue
+        def over(parts: list[tuple[int, int, int]], step: int, body, hint: str) -> None:  # type: ignore[no-untyped-def]
+            for count, size, start in parts:
 
-                    def row_body(
-                        i: str, _: list[str], rows: int = rows, row_start: int = row_start
-                    ) -> list[str]:
-                        r0 = self.f.add_i64(row_start, self.f.mul_i64(i, row_step))
-                        self.block(a, b, r0, c0, rows, cols, batch, overwrite)
-                        return []
+                def loop_body(
+                    index: str, _: list[str], size: int = size, start: int = start
+                ) -> list[str]:
+                    body(self.f.add_i64(start, self.f.mul_i64(index, step)), size)
+                    return []
 
-                    self.f.loop(row_count, [], row_body, "row")
+                self.f.loop(count, [], loop_body, hint)
+
+        if blk.pack_a:
+            # Row blocks outside: pack the block's A once, then every column block uses it.
+            def row_block(r0: str | int, rows: int) -> None:
+                buffer = self.pack(a, r0, rows, batch)
+                over(
+                    col_parts,
+                    col_step,
+                    lambda c0, cols: self.outer_block(
+                        buffer, b, r0, c0, rows, cols, batch, overwrite, packed=True
+                    ),
+                    "col",
+                )
+
+            over(row_parts, row_step, row_block, "row")
+            return
+
+        def col_block(c0: str | int, cols: int) -> None:
+            over(
+                row_parts,
+                row_step,
+                lambda r0, rows: self.block(a, b, r0, c0, rows, cols, batch, overwrite),
+                "row",
+            )
+
+        over(col_parts, col_step, col_block, "col")
+
+    def pack(self, a: str, r0: str | int, rows: int, batch: int) -> str:
+        """Copy A[r0 : r0 + rows, :] of every batch element of the chunk into the packing
+        buffer: per (element, k) one run of vectors * lanes values, zero beyond ``rows``."""
+        spec, blk, f = self.spec, self.b, self.f
+        lanes, padded = blk.lanes, blk.vectors * blk.lanes
+        if self.buffer is None:
+            self.buffer = "%pack"
+            size = blk.chunk * spec.k * padded
+            f.entry_alloca(f"%pack = alloca {self.t}, i64 {size}, align 64")
+        vectors = -(-rows // lanes)
+        active = [min(lanes, rows - v * lanes) for v in range(vectors)]
+
+        def element(index: str, _: list[str]) -> list[str]:
+            source = f.gep(self.t, a, f.mul_i64(index, spec.stride_a))
+            target = f.gep(self.t, self.buffer or "", f.mul_i64(index, spec.k * padded))
+
+            def step(k: str, _: list[str]) -> list[str]:
+                for v in range(blk.vectors):
+                    value = (
+                        "zeroinitializer"
+                        if v >= vectors
+                        else self.load_vector(
+                            source,
+                            f.add_i64(f.add_i64(r0, v * lanes), f.mul_i64(k, spec.lda)),
+                            active[v],
+                        )
+                    )
+                    offset = f.add_i64(f.mul_i64(k, padded), v * lanes)
+                    pointer = f.gep(self.t, target, offset)
+                    f.emit(f"store {self.vt} {value}, ptr {pointer}, align 64")
                 return []
 
-            self.f.loop(col_count, [], col_body, "col")
+            f.loop(spec.k, [], step, "pk")
+            return []
+
+        f.loop(batch, [], element, "pb")
+        return self.buffer or ""
 
     def block(
         self,
@@ -282,13 +346,17 @@ class _Emitter:
         cols: int,
         batch: int,
         overwrite: bool | str,
+        packed: bool = False,
     ) -> None:
-        """``rows`` x ``cols`` of C (of C^T in the mirror form) starting at (r0, c0)."""
+        """``rows`` x ``cols`` of C (of C^T in the mirror form) starting at (r0, c0). With
+        ``packed``, ``a`` is the packing buffer of this row block."""
         spec, blk, f = self.spec, self.b, self.f
         mirror = blk.form == "mirror"
         lanes = blk.lanes
         vectors = -(-rows // lanes)
         active = [min(lanes, rows - v * lanes) for v in range(vectors)]
+        load_active = [lanes] * vectors if packed else active
+        row_offset: str | int = 0 if packed else r0
         # Where the vector operand and the broadcast operand live: element (row, col, k).
         if mirror:  # vectors along N from B^T (unit stride on N), broadcasts of A (unit K)
             vec_base, vec_k, bc_base, bc_col, bc_k = b, spec.ldb, a, spec.lda, 1
@@ -297,6 +365,8 @@ class _Emitter:
             bc_col, bc_k = (1, spec.ldb) if spec.trans_b else (spec.ldb, 1)
         vec_batch = spec.stride_b if mirror else spec.stride_a
         bc_batch = spec.stride_a if mirror else spec.stride_b
+        if packed:
+            vec_k, vec_batch = blk.vectors * lanes, spec.k * blk.vectors * lanes
 
         acc = [
             self.initial_outer(r0, c0, v, col, active[v], overwrite, mirror)
@@ -308,7 +378,9 @@ class _Emitter:
         def step(accs: list[str], vb: str, bb: str, k: str | int) -> list[str]:
             vec = [
                 self.load_vector(
-                    vb, f.add_i64(f.add_i64(r0, v * lanes), f.mul_i64(k, vec_k)), active[v]
+                    vb,
+                    f.add_i64(f.add_i64(row_offset, v * lanes), f.mul_i64(k, vec_k)),
+                    load_active[v],
                 )
                 for v in range(vectors)
             ]
@@ -595,3 +667,10 @@ def brgemm_function(
     emitter = _Emitter(spec, blocking, module, name, linkage, attributes)
     emitter.emit()
     return blocking
+
+
+def _parts(total: int, step: int) -> list[tuple[int, int, int]]:
+    """Blocks of ``step`` over ``total``: (count, size, first index) for full and tail."""
+    full, tail = divmod(total, step)
+    parts = [(full, step, 0)] if full else []
+    return parts + ([(1, tail, full * step)] if tail else [])

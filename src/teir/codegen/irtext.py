@@ -54,6 +54,7 @@ class FunctionBuilder:
         self.lines: list[str] = [header + " {", "entry:"]
         self.block = "entry"
         self._counter = 0
+        self._entry: list[str] = []  # static allocas, placed at the top of the entry block
 
     # ---- names and lines -------------------------------------------------------------------
     def tmp(self, hint: str = "t") -> str:
@@ -76,9 +77,14 @@ class FunctionBuilder:
         self.lines.append(f"{label}:")
         self.block = label
 
+    def entry_alloca(self, line: str) -> None:
+        """Add an instruction (an ``alloca``) at the top of the entry block."""
+        self._entry.append("  " + line)
+
     def finish(self) -> str:
         self.emit("ret void")
         self.lines.append("}")
+        self.lines[2:2] = self._entry
         text = "\n".join(self.lines)
         self.module.functions.append(text)
         return text
