@@ -412,7 +412,12 @@ def check_config(
                     f"{main.value} needs exactly one prim M axis, one prim N axis, {k_text} and "
                     f"no prim C axis; the prim axes are {listing()}",
                     f"set exec_types so that exactly these axes are prim, the others seq or "
-                    f"shared{alternative}",
+                    f"shared{alternative}"
+                    + (
+                        "; or let teir.optimize (teir optimize FILE) choose them"
+                        if not any(prim.values())
+                        else ""
+                    ),
                 )
             )
 
