@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from teir.codegen.generic import GenericAxis, GenericSpec
 from teir.codegen.specs import BrgemmSpec, KernelError, UnaryOp, UnarySpec
 from teir.codegen.target import Target
-from teir.ir import Config, DimType, ExecType, PrimMain, Schedule, Tensor
+from teir.ir import Config, DimType, PrimMain, Schedule, Tensor
 from teir.ir.layout import is_injective
 
 
@@ -250,8 +250,3 @@ def main_op(config: Config, fuse_zero: bool) -> tuple[TileOp | None, TileOp | No
     if main is PrimMain.RELU:
         return unary_op(config, UnaryOp.RELU, False), None
     return None, None
-
-
-def tile_is_prim_only(config: Config) -> bool:
-    """Whether every axis is prim (the whole operation is one tile)."""
-    return all(e is ExecType.PRIM for e in config.exec_types)
