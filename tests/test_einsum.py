@@ -326,3 +326,39 @@ def test_numpy_keywords_and_array_likes():
     assert result.dtype == np.float32 and np.all(result == 3)
     with pytest.raises(teir.EinsumError, match="dtype"):
         teir.einsum("i", np.ones(2), dtype=np.int32)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    random_einsum(),
+    st.sampled_from(["C", "F", "strided", "reversed"]),
+    st.booleans(),
+    st.booleans(),
+    st.integers(0, 2**31),
+)
+def test_generated_einsums_into_out_views(case, layout, accumulate, relu, seed):
+    subscripts, arrays = case
+    expected = np.einsum(subscripts, *[a.astype(np.float64) for a in arrays])
+    shape = np.shape(expected)
+    dtype = np.result_type(*arrays)
+    rng = np.random.default_rng(seed)
+    start = rng.uniform(-1, 1, shape).astype(dtype)
+    if layout == "F" and shape:
+        out = np.asfortranarray(start.copy())
+    elif layout == "strided" and shape:
+        big = np.zeros([2 * n for n in shape], dtype)
+        out = big[tuple(slice(None, None, 2) for _ in shape)]
+        out[...] = start
+    elif layout == "reversed" and shape:
+        out = start.copy()[::-1]
+        out[...] = start
+    else:
+        out = start.copy()
+    result = teir.einsum(subscripts, *arrays, out=out, accumulate=accumulate, relu=relu)
+    assert result is out
+    if accumulate:
+        expected = start + expected
+    if relu:
+        expected = np.maximum(expected, 0)
+    tolerance = 1e-4 if dtype == np.float32 else 1e-11
+    np.testing.assert_allclose(out, expected, rtol=tolerance, atol=tolerance)

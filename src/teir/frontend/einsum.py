@@ -36,7 +36,9 @@ def _arrays(operands: Sequence[Any]) -> list[np.ndarray]:
     for index, value in enumerate(operands):
         if isinstance(value, np.ndarray):
             array = value
-        elif isinstance(value, (int, float, np.generic)) and not isinstance(value, bool):
+        elif isinstance(value, np.generic):
+            array = np.asarray(value)  # a NumPy scalar keeps its dtype
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
             array = np.asarray(value, dtype=np.float64)
         elif hasattr(value, "__dlpack__"):
             array = as_array(f"operand {index}", value)
@@ -183,8 +185,9 @@ def einsum(
     )
     negative = any(s < 0 for s in result.strides)
     if unary_accumulate or overlapping or negative:
+        # Computed into a temporary, then added or copied (and ReLU applied) into place.
         target = np.empty(plan.out_shape, dtype)
-        plan, direct = _plan(subscripts, arrays, target, False, relu and not accumulate, threads)
+        plan, direct = _plan(subscripts, arrays, target, False, False, threads)
     addresses = [data_address(a if isinstance(a, np.ndarray) else a.array) for a in inputs]
     if len(addresses) == 1:
         addresses.append(0)
@@ -198,12 +201,12 @@ def einsum(
             out_address + oo * size,
         )
     if target is not result:
-        if unary_accumulate:
+        if accumulate:
             result += target
-            if relu:
-                np.maximum(result, 0, out=result)
         else:
             result[...] = target
+        if relu:
+            np.maximum(result, 0, out=result)
     if out is None and result.ndim == 0:
         return result[()]
     return result
