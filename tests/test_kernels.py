@@ -369,8 +369,28 @@ def test_packed_a_blocks(dtype):
             blockings.append(
                 Blocking("outer", base.lanes, base.vectors, base.columns, chunk, pack_a=True)
             )
+        # Half-width vectors put vectors at 32-byte (not 64-byte) offsets in the buffer.
+        specs.append(spec)
+        blockings.append(Blocking("outer", base.lanes // 2, 3, 2, 1, pack_a=True))
     sweep(specs, blockings=blockings)
     wide = BrgemmSpec(
         dtype, 64, 48, 32, 4, lda=2048, ldb=32, ldc=64, stride_a=2048 * 32, stride_b=32 * 48
     )
     assert choose_blocking(wide, HOST).pack_a
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_transposed_a_packed_into_the_outer_form(dtype):
+    # A stored transposed (unit stride on K) with B unit on K: A's row blocks are transposed
+    # into the packing buffer once M and K fill vectors.
+    lanes = HOST.lanes(4 if dtype == "f32" else 8)
+    specs = []
+    for index, (m, k) in enumerate(
+        itertools.product(
+            (lanes, lanes + 1, 2 * lanes - 1, 33, 100), (lanes, lanes + 1, 31, 40, 64)
+        )
+    ):
+        n = (1, 5, 16, 20)[index % 4]
+        specs.append(brgemm_spec(dtype, m, n, k, 1 + index % 3, True, False, index % 2, index % 3))
+    assert all(choose_blocking(s, HOST).form == "outer" for s in specs)
+    sweep(specs)

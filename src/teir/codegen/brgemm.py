@@ -56,9 +56,15 @@ def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
     """The register block for ``spec`` on ``target``."""
     full_lanes = target.lanes(spec.itemsize)
     registers = target.vector_registers
-    if spec.trans_a and not spec.trans_b:
+    # A stored transposed (unit stride on K) with B unit on K: when M and K fill vectors, A's
+    # row blocks are transposed into the packing buffer and the outer form runs on them;
+    # otherwise dot products along K.
+    packs_transposed = (
+        spec.trans_a and not spec.trans_b and spec.m >= full_lanes and spec.k >= full_lanes
+    )
+    if spec.trans_a and not spec.trans_b and not packs_transposed:
         form = "dot"
-    elif spec.trans_a:
+    elif spec.trans_a and spec.trans_b:
         form = "mirror"
     else:
         form = "outer"
@@ -78,9 +84,11 @@ def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
     limit = max(1, cache_sizes()["L2"] // 2 // per_batch)
     chunk = max(d for d in range(1, min(spec.batch, limit) + 1) if spec.batch % d == 0)
     pack_a = False
-    if form == "outer" and spec.m >= lanes and spec.n >= 2 * columns and not spec.trans_a:
+    if form == "outer" and (packs_transposed or (spec.m >= lanes and spec.n >= 2 * columns)):
         packed = spec.k * vectors * lanes * spec.itemsize  # bytes per batch element
-        far_apart = spec.lda * spec.itemsize >= PACK_LEADING_BYTES
+        far_apart = spec.lda * spec.itemsize >= PACK_LEADING_BYTES or packs_transposed
+        if packs_transposed and packed > PACK_BUFFER_BYTES:
+            return Blocking("dot", full_lanes, *((4, 4) if registers >= 32 else (3, 3)), chunk)
         if far_apart and packed <= PACK_BUFFER_BYTES:
             chunk = max(
                 d
@@ -171,6 +179,8 @@ class _Emitter:
         )
         self.suffix = suffix
         self.buffer: str | None = None
+        # Vectors in the 64-byte aligned packing buffer start at multiples of their own size.
+        self.vector_align = min(64, blocking.lanes * spec.itemsize)
         header = (
             f"define {linkage} void @{name}(ptr noalias readonly %A, ptr noalias readonly "
             f"%B, ptr noalias %C) nounwind {attributes}"
@@ -290,6 +300,9 @@ class _Emitter:
             self.buffer = "%pack"
             size = blk.chunk * spec.k * padded
             f.entry_alloca(f"%pack = alloca {self.t}, i64 {size}, align 64")
+        if spec.trans_a:
+            self.pack_transposed(a, r0, rows, batch)
+            return self.buffer
         vectors = -(-rows // lanes)
         active = [min(lanes, rows - v * lanes) for v in range(vectors)]
 
@@ -310,7 +323,7 @@ class _Emitter:
                     )
                     offset = f.add_i64(f.mul_i64(k, padded), v * lanes)
                     pointer = f.gep(self.t, target, offset)
-                    f.emit(f"store {self.vt} {value}, ptr {pointer}, align 64")
+                    f.emit(f"store {self.vt} {value}, ptr {pointer}, align {self.vector_align}")
                 return []
 
             f.loop(spec.k, [], step, "pk")
@@ -318,6 +331,50 @@ class _Emitter:
 
         f.loop(batch, [], element, "pb")
         return self.buffer or ""
+
+    def pack_transposed(self, a: str, r0: str | int, rows: int, batch: int) -> None:
+        """The packing of :meth:`pack` from an A stored transposed (A[m, k] at m * lda + k):
+        lanes x lanes blocks go through registers and are transposed there."""
+        spec, blk, f = self.spec, self.b, self.f
+        lanes, padded = blk.lanes, blk.vectors * blk.lanes
+        full_chunks, tail = divmod(spec.k, lanes)
+
+        def chunk(source: str, target: str, k0: str | int, width: int) -> None:
+            for g in range(blk.vectors):
+                valid = min(lanes, rows - g * lanes)
+                vectors = [
+                    self.load_vector(
+                        source,
+                        f.add_i64(f.mul_i64(f.add_i64(r0, g * lanes + rr), spec.lda), k0),
+                        width,
+                    )
+                    if rr < valid
+                    else "zeroinitializer"
+                    for rr in range(lanes)
+                ]
+                columns = transpose_vectors(f, vectors, lanes, spec.itemsize)
+                for kk in range(width):
+                    offset = f.add_i64(f.mul_i64(f.add_i64(k0, kk), padded), g * lanes)
+                    pointer = f.gep(self.t, target, offset)
+                    f.emit(
+                        f"store {self.vt} {columns[kk]}, ptr {pointer}, align {self.vector_align}"
+                    )
+
+        def element(index: str, _: list[str]) -> list[str]:
+            source = f.gep(self.t, a, f.mul_i64(index, spec.stride_a))
+            target = f.gep(self.t, "%pack", f.mul_i64(index, spec.k * padded))
+            if full_chunks:
+
+                def body(c: str, _: list[str]) -> list[str]:
+                    chunk(source, target, f.mul_i64(c, lanes), lanes)
+                    return []
+
+                f.loop(full_chunks, [], body, "pt")
+            if tail:
+                chunk(source, target, full_chunks * lanes, tail)
+            return []
+
+        f.loop(batch, [], element, "pb")
 
     def block(
         self,
