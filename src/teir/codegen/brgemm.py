@@ -35,6 +35,7 @@ K_UNROLL = 4
 # Pack A when its columns are at least this far apart, into a buffer of at most this size.
 PACK_LEADING_BYTES = 4096
 PACK_BUFFER_BYTES = 128 * 1024
+PACK_MIN_COLUMNS = 16
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,13 @@ def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
     # A stored transposed (unit stride on K) with B unit on K: when M and K fill vectors, A's
     # row blocks are transposed into the packing buffer and the outer form runs on them;
     # otherwise dot products along K.
+    # Packing pays off only when several column blocks reuse it (not for matrix-vector).
     packs_transposed = (
-        spec.trans_a and not spec.trans_b and spec.m >= full_lanes and spec.k >= full_lanes
+        spec.trans_a
+        and not spec.trans_b
+        and spec.m >= full_lanes
+        and spec.k >= full_lanes
+        and spec.n >= PACK_MIN_COLUMNS
     )
     if spec.trans_a and not spec.trans_b and not packs_transposed:
         form = "dot"
