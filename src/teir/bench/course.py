@@ -23,6 +23,38 @@ from teir.ir import Config, Tensor
 from teir.runtime.operation import compile as compile_config
 
 LABS = ("lab1_gemm", "lab2_brgemm", "lab3_zero_brgemm_relu")
+# The course's optimizer inputs (all axes seq) and the same product as an einsum on row-major
+# arrays for NumPy: (name, flat fields, subscripts, shapes).
+OPTIMIZER_INPUTS: list[tuple[str, dict[str, Any], str, list[list[int]]]] = [
+    (
+        "opt_gemm_1600",
+        {
+            "prim_main": "GEMM",
+            "dim_types": ["M", "N", "K"],
+            "exec_types": ["seq"] * 3,
+            "dim_sizes": [1600, 1600, 1600],
+            "strides_in0": [1, 0, 1600],
+            "strides_in1": [0, 1600, 1],
+            "strides_out": [1, 1600, 0],
+        },
+        "km,nk->nm",
+        [[1600, 1600], [1600, 1600]],
+    ),
+    (
+        "opt_contraction_64_25",
+        {
+            "prim_main": "GEMM",
+            "dim_types": ["M", "M", "N", "N", "K", "K"],
+            "exec_types": ["seq"] * 6,
+            "dim_sizes": [64, 25, 64, 25, 64, 25],
+            "strides_in0": [25, 1, 0, 0, 40000, 1600],
+            "strides_in1": [0, 0, 40000, 1600, 25, 1],
+            "strides_out": [25, 1, 40000, 1600, 0, 0],
+        },
+        "abcd,efab->efcd",
+        [[64, 25, 64, 25], [64, 25, 64, 25]],
+    ),
+]
 
 
 def cases(dtypes: tuple[str, ...]) -> list[tuple[str, str, dict[str, Any], int]]:
@@ -74,7 +106,7 @@ def _time_etops(configs: list[dict[str, Any]], threads: int, seconds: float) -> 
 
 def run(dtypes: tuple[str, ...] = ("f32", "f64"), seconds: float = 0.5) -> dict[str, Any]:
     all_cases = cases(dtypes)
-    progress = Progress(len(all_cases) + 3, "bench course")
+    progress = Progress(len(all_cases) + 4, "bench course")
     cores = machine.usable_cores()
     peaks = {f"{d} x{n}": machine.peak_gflops(d, n) for d in dtypes for n in sorted({1, cores})}
     progress.step("probe")
@@ -114,6 +146,8 @@ def run(dtypes: tuple[str, ...] = ("f32", "f64"), seconds: float = 0.5) -> dict[
                 row["etops_gflops"] = gflops
                 row["etops_fraction"] = gflops / peaks[f"f32 x{threads}"]
         progress.step(f"etops x{threads}")
+    optimized = _optimizer_inputs(dtypes, cores, peaks, seconds)
+    progress.step("optimizer inputs")
     call_overhead = tiny_call_seconds()
     after = {f"{d} x{n}": machine.peak_gflops(d, n) for d in dtypes for n in sorted({1, cores})}
     progress.step("probe again")
@@ -123,9 +157,45 @@ def run(dtypes: tuple[str, ...] = ("f32", "f64"), seconds: float = 0.5) -> dict[
         "peaks": peaks,
         "peaks_after": after,
         "rows": rows,
+        "optimizer_inputs": optimized,
         "tiny_call_median_seconds": call_overhead,
         "etops": importlib.util.find_spec("etops") is not None,
     }
+
+
+def _optimizer_inputs(
+    dtypes: tuple[str, ...], cores: int, peaks: dict[str, float], seconds: float
+) -> list[dict[str, Any]]:
+    """The optimizer inputs scheduled by teir.optimize on all cores, next to NumPy's einsum
+    of the same product (in its own process, same thread count)."""
+    from teir.bench.einsum_suite import _baseline
+    from teir.optimizer import optimize
+
+    rows = []
+    requests = []
+    for dtype in dtypes:
+        for name, fields, subscripts, shapes in OPTIMIZER_INPUTS:
+            data = dict(fields, data_type="FP32" if dtype == "f32" else "FP64")
+            config = optimize(data, cores)
+            best = _time_teir(config, cores, seconds)
+            gflops = config.flops / best / 1e9
+            rows.append(
+                {
+                    "name": name,
+                    "dtype": data["data_type"],
+                    "threads": cores,
+                    "gflops": gflops,
+                    "fraction": gflops / peaks[f"{dtype} x{cores}"],
+                    "flops": config.flops,
+                }
+            )
+            requests.append((subscripts, shapes, "float32" if dtype == "f32" else "float64"))
+    for row, numpy_seconds in zip(rows, _baseline("numpy", requests, cores, seconds)):
+        row["numpy_gflops"] = None if numpy_seconds is None else row["flops"] / numpy_seconds / 1e9
+        row["speedup_numpy"] = (
+            None if numpy_seconds is None else row["gflops"] / row["numpy_gflops"]
+        )
+    return rows
 
 
 def tiny_call_seconds(calls: int = 2000) -> float:
@@ -170,6 +240,20 @@ def format_report(report: dict[str, Any]) -> str:
             f"{row['name']:<24} {row['variant']:<17} {row['dtype']:<5} "
             f"{row['threads']:>3} {row['gflops']:9.1f} {row['fraction'] * 100:6.1f}% "
             f"{etops[0]:>9} {etops[1]:>7}"
+        )
+    lines += [
+        "",
+        "optimizer inputs (teir.optimize, all cores) vs numpy.einsum(optimize=True), same threads:",
+    ]
+    for row in report["optimizer_inputs"]:
+        numpy = (
+            "-"
+            if row["numpy_gflops"] is None
+            else (f"numpy {row['numpy_gflops']:.1f} GFLOP/s, speedup {row['speedup_numpy']:.2f}x")
+        )
+        lines.append(
+            f"  {row['name']:<24} {row['dtype']} {row['gflops']:7.1f} GFLOP/s "
+            f"{row['fraction'] * 100:5.1f}% of peak; {numpy}"
         )
     lines.append(
         f"\ncalling a compiled operation on tiny tensors: "
