@@ -212,3 +212,10 @@ def test_optimize_command(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "# identify primitive:" in out
     assert main(["validate", str(target)]) == 0
+
+
+def test_run_optimize_unscheduled(capsys):
+    path = EXAMPLES / "unscheduled" / "opt_contraction_64_25.json"
+    assert main(["run", str(path), "--optimize", "--check", "--repeat", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["check"]["ok"] and report["gflops"] > 1

@@ -59,6 +59,12 @@ def add_parser(commands: Any) -> None:
         help="threads for shared axes (default: TEIR_NUM_THREADS or all usable cores)",
     )
     parser.add_argument(
+        "--optimize",
+        action="store_true",
+        help="schedule the configuration with teir.optimize first (its prim axes may be "
+        "unchosen, as in examples/unscheduled)",
+    )
+    parser.add_argument(
         "--repeat",
         type=_positive,
         default=3,
@@ -98,7 +104,12 @@ def random_operands(config: Config, seed: int) -> tuple[np.ndarray | None, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load(args.file)
+    if args.optimize:
+        from teir.optimizer import optimize
+
+        config = optimize(args.file, args.threads)
+    else:
+        config = load(args.file)
     start = time.perf_counter()
     execute = BACKENDS[args.backend](config, args.threads)
     prepare_seconds = time.perf_counter() - start
