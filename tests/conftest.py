@@ -14,9 +14,3 @@ settings.register_profile(
 )
 settings.register_profile("thorough", parent=settings.get_profile("default"), max_examples=2000)
 settings.load_profile(os.environ.get("TEIR_HYPOTHESIS_PROFILE", "default"))
-
-# Kernels compiled by the tests go to a private disk cache, not the user's.
-if "TEIR_CACHE_DIR" not in os.environ:
-    import tempfile
-
-    os.environ["TEIR_CACHE_DIR"] = tempfile.mkdtemp(prefix="teir-test-cache-")
