@@ -19,6 +19,7 @@ import numpy as np
 from teir import machine
 from teir.bench.demo import _lab, _shared_first_two
 from teir.bench.progress import Progress
+from teir.bench.timing import best_seconds
 from teir.ir import Config, Tensor
 from teir.runtime.operation import compile as compile_config
 
@@ -74,16 +75,7 @@ def _time_teir(config: Config, threads: int, seconds: float) -> float:
     op = compile_config(config, threads)
     rng = np.random.default_rng(0)
     in0, in1, out = (rng.uniform(-1, 1, config.extent(t)).astype(config.dtype) for t in Tensor)
-    op(in0, in1, out)
-    best = float("inf")
-    deadline = time.perf_counter() + seconds
-    count = 0
-    while count < 3 or time.perf_counter() < deadline:
-        start = time.perf_counter()
-        op(in0, in1, out)
-        best = min(best, time.perf_counter() - start)
-        count += 1
-    return best
+    return best_seconds(lambda: op(in0, in1, out), seconds)
 
 
 def _time_etops(configs: list[dict[str, Any]], threads: int, seconds: float) -> list[float | None]:

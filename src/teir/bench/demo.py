@@ -9,8 +9,6 @@ result (``np.einsum(optimize=True)`` on the same buffers, with NumPy's own threa
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +17,7 @@ import numpy as np
 from teir import machine, reference
 from teir.bench.numpy_baseline import numpy_evaluator
 from teir.bench.progress import Progress
+from teir.bench.timing import best_seconds
 from teir.ir import Config, Tensor
 from teir.runtime.operation import compile as compile_config
 
@@ -118,20 +117,6 @@ class DemoRow:
     check: str
 
 
-def _best(run: Callable[[], None], budget: float = 0.3) -> float:
-    run()
-    start = time.perf_counter()
-    run()
-    once = max(time.perf_counter() - start, 1e-7)
-    count = max(3, min(200, int(budget / once)))
-    best = float("inf")
-    for _ in range(count):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def run(threads: int | None = None) -> dict[str, Any]:
     """Run every demo case; returns the rows and the probe's numbers."""
     progress = Progress(len(CASES) + 1, "demo")
@@ -167,9 +152,9 @@ def _case(
     result = initial.copy()
     op(in0, in1, result)
     comparison = reference.compare(config, initial, result, expected)
-    seconds = _best(lambda: op(in0, in1, out))
+    seconds = best_seconds(lambda: op(in0, in1, out), 0.3)
     numpy_out = initial.copy()
-    numpy_seconds = _best(numpy_evaluator(config, in0, in1, numpy_out))
+    numpy_seconds = best_seconds(numpy_evaluator(config, in0, in1, numpy_out), 0.3)
     dtype = "f32" if config.data_type.itemsize == 4 else "f64"
     if config.flops:
         rate, unit = config.flops / seconds / 1e9, "GFLOP/s"

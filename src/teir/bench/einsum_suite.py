@@ -15,13 +15,13 @@ import math
 import os
 import subprocess
 import sys
-import time
 from typing import Any
 
 import numpy as np
 
 from teir import machine
 from teir.bench.progress import Progress
+from teir.bench.timing import best_seconds
 from teir.frontend.einsum import einsum
 from teir.runtime.pool import default_threads
 
@@ -106,16 +106,7 @@ def _baseline(
 def _time_teir(
     subscripts: str, arrays: list[np.ndarray], out: np.ndarray, threads: int, seconds: float
 ) -> float:
-    einsum(subscripts, *arrays, out=out, threads=threads)
-    best = float("inf")
-    deadline = time.perf_counter() + seconds
-    count = 0
-    while count < 3 or time.perf_counter() < deadline:
-        start = time.perf_counter()
-        einsum(subscripts, *arrays, out=out, threads=threads)
-        best = min(best, time.perf_counter() - start)
-        count += 1
-    return best
+    return best_seconds(lambda: einsum(subscripts, *arrays, out=out, threads=threads), seconds)
 
 
 def run(dtype: str = "f32", seconds: float = 0.3, threads: int | None = None) -> dict[str, Any]:

@@ -12,17 +12,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from teir.errors import TeirError
+from teir.machine import usable_cores
 
 _lock = threading.Lock()
 _executor: ThreadPoolExecutor | None = None
 _workers = 0
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def default_threads() -> int:
