@@ -9,7 +9,9 @@ result (``np.einsum(optimize=True)`` on the same buffers, with NumPy's own threa
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -124,10 +126,18 @@ def run(threads: int | None = None) -> dict[str, Any]:
     peaks = {(d, n): machine.peak_gflops(d, n) for d in ("f32", "f64") for n in {1, cores}}
     progress.step("probe")
     rows = []
-    for name, data in CASES:
-        config = Config.from_dict(data)
-        rows.append(_case(name, config, threads, peaks))
-        progress.step(name)
+    prepared = [_prepare(name, Config.from_dict(data), threads) for name, data in CASES]
+    # NumPy's BLAS threads spin for a while after each call and would take cores from teir:
+    # teir is timed first, after they have gone to sleep, and NumPy last.
+    time.sleep(0.3)
+    teir_seconds = []
+    for case in prepared:
+        teir_seconds.append(best_seconds(partial(case.operation, *case.operands), 0.3))
+        progress.step(case.name)
+    for case, seconds in zip(prepared, teir_seconds):
+        in0, in1, out = case.operands
+        numpy_seconds = best_seconds(numpy_evaluator(case.config, in0, in1, out.copy()), 0.3)
+        rows.append(_row(case, seconds, numpy_seconds, peaks))
     progress.close()
     return {
         "cores": cores,
@@ -136,9 +146,17 @@ def run(threads: int | None = None) -> dict[str, Any]:
     }
 
 
-def _case(
-    name: str, config: Config, threads: int | None, peaks: dict[tuple[str, int], float]
-) -> DemoRow:
+@dataclass
+class _Prepared:
+    name: str
+    config: Config
+    operands: tuple[Any, Any, np.ndarray]
+    operation: Any
+    check: str
+
+
+def _prepare(name: str, config: Config, threads: int | None) -> _Prepared:
+    """Compile the case and check its result against np.einsum."""
     rng = np.random.default_rng(0)
     in0, in1, out = (
         rng.uniform(-1, 1, config.extent(t)).astype(config.dtype) if config.uses(t) else None
@@ -146,15 +164,19 @@ def _case(
     )
     assert out is not None
     op = compile_config(config, threads)
-    used = len(op.slices)
-    initial = out.copy()
-    expected = reference.dense_result(config, in0, in1, initial)
-    result = initial.copy()
+    expected = reference.dense_result(config, in0, in1, out)
+    result = out.copy()
     op(in0, in1, result)
-    comparison = reference.compare(config, initial, result, expected)
-    seconds = best_seconds(lambda: op(in0, in1, out), 0.3)
-    numpy_out = initial.copy()
-    numpy_seconds = best_seconds(numpy_evaluator(config, in0, in1, numpy_out), 0.3)
+    comparison = reference.compare(config, out, result, expected)
+    check = "OK" if comparison.ok else f"MISMATCH: {comparison.message}"
+    return _Prepared(name, config, (in0, in1, out), op, check)
+
+
+def _row(
+    case: _Prepared, seconds: float, numpy_seconds: float, peaks: dict[tuple[str, int], float]
+) -> DemoRow:
+    config = case.config
+    used = len(case.operation.slices)
     dtype = "f32" if config.data_type.itemsize == 4 else "f64"
     if config.flops:
         rate, unit = config.flops / seconds / 1e9, "GFLOP/s"
@@ -163,9 +185,16 @@ def _case(
         moved = 2 * config.extent(Tensor.OUT) * config.data_type.itemsize
         rate, unit = moved / seconds / 1e9, "GB/s"
         fraction = rate / machine.copy_bandwidth(moved // 2)
-    check = "OK" if comparison.ok else f"MISMATCH: {comparison.message}"
     return DemoRow(
-        name, config.data_type.value, used, seconds, rate, unit, fraction, numpy_seconds, check
+        case.name,
+        config.data_type.value,
+        used,
+        seconds,
+        rate,
+        unit,
+        fraction,
+        numpy_seconds,
+        case.check,
     )
 
 
