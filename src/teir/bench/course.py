@@ -106,7 +106,7 @@ def run(dtypes: tuple[str, ...] = ("f32", "f64"), seconds: float = 0.5) -> dict[
     for name, variant, data, threads in all_cases:
         config = Config.from_dict(data)
         best = _time_teir(config, threads, seconds)
-        dtype = "f32" if config.data_type.itemsize == 4 else "f64"
+        dtype = config.data_type.short
         peak = peaks[f"{dtype} x{threads}"]
         gflops = config.flops / best / 1e9
         rows.append(

@@ -177,7 +177,7 @@ def _row(
 ) -> DemoRow:
     config = case.config
     used = len(case.operation.slices)
-    dtype = "f32" if config.data_type.itemsize == 4 else "f64"
+    dtype = config.data_type.short
     if config.flops:
         rate, unit = config.flops / seconds / 1e9, "GFLOP/s"
         fraction = rate / peaks[(dtype, used if (dtype, used) in peaks else 1)]

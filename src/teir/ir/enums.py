@@ -73,6 +73,11 @@ class DataType(TeirEnum):
     def itemsize(self) -> int:
         return 4 if self is DataType.FP32 else 8
 
+    @property
+    def short(self) -> str:
+        """The kernels' name of this data type: "f32" or "f64"."""
+        return "f32" if self is DataType.FP32 else "f64"
+
 
 class DimType(TeirEnum):
     """Role of an axis: which tensors take part in it (see :meth:`roles`)."""

@@ -41,7 +41,7 @@ def _dtype_name(dtype: Any) -> str:
         raise KernelError(
             f"dtype must be FP32 or FP64 (or 'f32', 'f64', np.float32, ...), got {dtype!r}"
         )
-    return "f32" if parsed is DataType.FP32 else "f64"
+    return parsed.short
 
 
 class Kernel:

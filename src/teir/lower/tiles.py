@@ -61,7 +61,7 @@ class _Axis:
 
 
 def _dtype(config: Config) -> str:
-    return "f32" if config.data_type.itemsize == 4 else "f64"
+    return config.data_type.short
 
 
 def _prim_axes(schedule: Schedule, types: tuple[DimType, ...]) -> list[_Axis]:
