@@ -40,16 +40,19 @@ from teir.ir import (
 )
 from teir.optimizer import optimize, optimize_with_log
 from teir.runtime.operation import Operation, compile
+from teir.tree import CompiledTree, EinsumTree, TreeError
 from teir.validate import RULES
 
 __version__ = "0.1.0"
 
 __all__ = [
     "RULES",
+    "CompiledTree",
     "Config",
     "DataType",
     "DimType",
     "EinsumError",
+    "EinsumTree",
     "ExecType",
     "ExecutionError",
     "Operation",
@@ -60,6 +63,7 @@ __all__ = [
     "Schedule",
     "TeirError",
     "Tensor",
+    "TreeError",
     "ValidationError",
     "Violation",
     "__version__",

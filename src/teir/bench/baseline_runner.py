@@ -1,8 +1,10 @@
 """Child process of ``teir bench einsum``: times einsums on a baseline library, alone in its
 process and with its thread count set before the library loads.
 
-Usage: ``python -m teir.bench.baseline_runner numpy|torch`` with JSON on standard input:
-``{"cases": [[subscripts, [shapes...], dtype], ...], "seconds": budget, "threads": n}``.
+Usage: ``python -m teir.bench.baseline_runner numpy|torch|opt_einsum`` with JSON on standard
+input: ``{"cases": [[subscripts, [shapes...], dtype], ...], "seconds": budget, "threads": n}``;
+for opt_einsum (NumPy backend) a case has a fourth element, the contraction path (a list of
+pairs) or the name of a path optimizer.
 Prints a JSON list of best seconds per case (``null`` where the library failed).
 """
 
@@ -43,11 +45,20 @@ def main() -> None:
         import torch
 
         torch.set_num_threads(int(threads))
-    for subscripts, shapes, dtype in request["cases"]:
+    for case in request["cases"]:
+        subscripts, shapes, dtype = case[:3]
         try:
             rng = np.random.default_rng(0)
             arrays = [rng.uniform(-1, 1, shape).astype(dtype) for shape in shapes]
-            if library == "numpy" and len(arrays) == 1 and "->" in subscripts:
+            if library == "opt_einsum":
+                import opt_einsum  # type: ignore[import-untyped]
+
+                path = case[3] if isinstance(case[3], str) else [tuple(p) for p in case[3]]
+                expression = opt_einsum.contract_expression(subscripts, *shapes, optimize=path)
+                results.append(
+                    _best(lambda a=arrays, e=expression: e(*a, backend="numpy"), request["seconds"])
+                )
+            elif library == "numpy" and len(arrays) == 1 and "->" in subscripts:
                 # A permutation: NumPy's copy of the transposed view into a new array.
                 source, target = subscripts.split("->")
                 order = [source.index(c) for c in target]

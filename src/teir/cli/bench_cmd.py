@@ -1,4 +1,5 @@
-"""``teir bench kernels``: benchmarks against the machine probe of the same run."""
+"""``teir bench kernels|course|einsum|trees``: benchmarks against the machine probe of the
+same run."""
 
 from __future__ import annotations
 
@@ -52,6 +53,16 @@ def add_parser(commands: Any) -> None:
     )
     suite.add_argument("--threads", type=int, default=None, metavar="N")
     suite.set_defaults(handler=run_einsum)
+    trees = suites.add_parser(
+        "trees", help="the course's einsum trees against opt_einsum and torch"
+    )
+    trees.add_argument("--dtype", choices=["f32", "f64", "fp32", "fp64"], default="f32")
+    trees.add_argument("--json", action="store_true", help="print the report as JSON")
+    trees.add_argument(
+        "--seconds", type=float, default=1.0, help="time per measurement (default: %(default)s)"
+    )
+    trees.add_argument("--threads", type=int, default=None, metavar="N")
+    trees.set_defaults(handler=run_trees)
 
 
 def run_kernels(args: argparse.Namespace) -> int:
@@ -84,4 +95,13 @@ def run_einsum(args: argparse.Namespace) -> int:
     print(json.dumps(report, indent=1) if args.json else einsum_suite.format_report(report))
     if args.plot:
         einsum_suite.plot(report, args.plot)
+    return 0
+
+
+def run_trees(args: argparse.Namespace) -> int:
+    from teir.bench import trees
+
+    dtype = {"fp32": "f32", "fp64": "f64"}.get(args.dtype, args.dtype)
+    report = trees.run(dtype, args.seconds, args.threads)
+    print(json.dumps(report, indent=1) if args.json else trees.format_report(report))
     return 0

@@ -7,10 +7,18 @@ import sys
 from collections.abc import Sequence
 
 from teir import __version__
-from teir.cli import bench_cmd, demo_cmd, explain_cmd, optimize_cmd, run_cmd, validate_cmd
+from teir.cli import (
+    bench_cmd,
+    demo_cmd,
+    explain_cmd,
+    optimize_cmd,
+    run_cmd,
+    tree_cmd,
+    validate_cmd,
+)
 from teir.errors import TeirError
 
-COMMANDS = (demo_cmd, validate_cmd, run_cmd, explain_cmd, optimize_cmd, bench_cmd)
+COMMANDS = (demo_cmd, validate_cmd, run_cmd, explain_cmd, optimize_cmd, tree_cmd, bench_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

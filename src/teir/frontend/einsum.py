@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from teir.frontend.einsum_parse import EinsumError, Subscripts, parse
+from teir.frontend.einsum_parse import EinsumError, parse
 from teir.frontend.einsum_plan import Operand, Plan, make_plan, operand, sum_out
 from teir.kernels.arrays import data_address
 from teir.runtime.arguments import as_array
@@ -136,12 +136,14 @@ def einsum(
 
     Binary contractions are classified into C/M/N/K axes, scheduled by :func:`teir.optimize`
     and compiled, so GEMM/BRGEMM kernels run directly on the operands' strided memory.
-    Unary einsums (permutations, transposes, diagonals) run on Copy kernels. With more than
-    two operands, NumPy's greedy contraction path is followed pairwise.
+    Unary einsums (permutations, transposes, diagonals) run on Copy kernels. Three or more
+    operands become an einsum tree along opt_einsum's contraction path (``optimize=`` is
+    passed to it: ``"auto"`` by default, ``"greedy"``, ``"optimal"``, ``"dp"``, an explicit
+    path, or ``False`` for left to right), optimized and compiled with planned intermediates.
 
     ``out=`` is written in place (``accumulate=True`` adds the result to it instead);
     ``relu=True`` applies ``max(., 0)`` to the result. ``dtype`` (float32 or float64) casts
-    the operands first; ``optimize``, ``order`` and ``casting`` are accepted for compatibility
+    the operands first; ``order`` and ``casting`` are accepted for compatibility
     (new results are C-ordered). Unlike NumPy, the result is always a new array (never a view).
     """
     arrays = _arrays(operands)
@@ -151,7 +153,7 @@ def einsum(
             raise EinsumError(f"dtype must be float32 or float64, got {wanted}")
         arrays = [a if a.dtype == wanted else a.astype(wanted) for a in arrays]
     if len(arrays) > 2:
-        return _pairwise(subscripts, arrays, out, threads, accumulate, relu)
+        return _multi_operand(subscripts, arrays, out, threads, accumulate, relu, optimize)
     if threads is None:
         threads = default_threads()
     out_array = None
@@ -261,65 +263,55 @@ def _through_canonical(
     )
 
 
-def _pairwise(
+TREE_CACHE_SIZE = 64
+_trees: dict[tuple[Any, ...], Any] = {}
+
+
+def _multi_operand(
     subscripts: str,
     arrays: list[np.ndarray],
     out: Any,
     threads: int | None,
     accumulate: bool,
     relu: bool,
+    optimize: Any,
 ) -> Any:
-    """Contract three or more operands two at a time along NumPy's greedy path."""
+    """Three or more operands: an einsum tree along opt_einsum's path, optimized, compiled
+    once per shapes/strides/dtype (cached) with its intermediates in one arena."""
+    from teir.tree.from_einsum import compile_einsum, prepare
+
+    if threads is None:
+        threads = default_threads()
     parsed = parse(subscripts, [a.ndim for a in arrays])
-    labels = [list(t) for t in parsed.inputs]
-    current: list[np.ndarray] = list(arrays)
-    path = np.einsum_path(_explicit(parsed), *arrays, optimize="greedy")[0][1:]
-    for step, pair in enumerate(path):
-        i, j = sorted(pair)
-        left, right = labels[i], labels[j]
-        rest = [lab for k, group in enumerate(labels) if k not in (i, j) for lab in group]
-        keep = [lab for lab in dict.fromkeys(left + right) if lab in parsed.output or lab in rest]
-        last = step == len(path) - 1
-        if last:
-            keep = list(parsed.output)
-        expression = f"{_text(left)},{_text(right)}->{_text(keep)}"
-        result = einsum(
-            expression,
-            current[i],
-            current[j],
-            threads=threads,
-            out=out if last else None,
-            accumulate=accumulate and last,
-            relu=relu and last,
+    path_key = optimize if isinstance(optimize, (str, bool, type(None))) else repr(optimize)
+    key = (*_key(subscripts, arrays, None, accumulate, relu, threads), path_key)
+    tree = _trees.get(key)
+    if tree is None:
+        tree, views = compile_einsum(parsed, arrays, optimize, threads, accumulate, relu)
+        with _lock:
+            if len(_trees) >= TREE_CACHE_SIZE:
+                _trees.pop(next(iter(_trees)))
+            _trees[key] = tree
+    else:
+        views = prepare(parsed, arrays).views
+    if out is not None:
+        out = _check_out(
+            out if isinstance(out, np.ndarray) else as_array("out", out),
+            tree.out_shape,
+            tree.dtype,
         )
-        for k in (j, i):
-            del current[k], labels[k]
-        current.append(np.asarray(result))
-        labels.append(keep)
+    result = tree(*views, out=out)
+    if out is None and result.ndim == 0:
+        return result[()]
     return result
 
 
-def _text(labels: Sequence[str]) -> str:
-    return "".join(chr(0x100 + int(lab)) if lab.isdigit() else lab for lab in labels)
-
-
-def _explicit(parsed: Subscripts) -> str:
-    """Subscripts with the ellipsis dimensions named (for np.einsum_path)."""
-    free = iter(
-        c
-        for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-        if all(c not in t for t in parsed.inputs)
-    )
-    names: dict[str, str] = {}
-
-    def name(label: str) -> str:
-        if label.isdigit():
-            names.setdefault(label, next(free))
-            return names[label]
-        return label
-
-    inputs = ",".join("".join(name(x) for x in t) for t in parsed.inputs)
-    return f"{inputs}->{''.join(name(x) for x in parsed.output)}"
+def _c_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
+    strides, step = [], itemsize
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
 
 
 class ContractExpression:
@@ -333,6 +325,7 @@ class ContractExpression:
         threads: int | None,
         accumulate: bool,
         relu: bool,
+        optimize: Any = None,
     ) -> None:
         self.subscripts = subscripts
         self.shapes = tuple(tuple(int(n) for n in shape) for shape in shapes)
@@ -342,12 +335,26 @@ class ContractExpression:
         self.threads = threads
         self.accumulate = accumulate
         self.relu = relu
+        self.optimize = optimize
         self.plan: Plan | None = None
+        self.tree: Any = None
+        count = threads or default_threads()
         if len(self.shapes) <= 2:  # plan now, for C-contiguous operands
             arrays = [np.zeros(shape, self.dtype) for shape in self.shapes]
-            self.plan = _plan(
-                subscripts, arrays, None, accumulate, relu, threads or default_threads()
-            )[0]
+            self.plan = _plan(subscripts, arrays, None, accumulate, relu, count)[0]
+        else:  # compile the tree now, for C-contiguous operands (placeholders: never read)
+            from teir.tree.from_einsum import compile_einsum
+
+            arrays = [
+                np.lib.stride_tricks.as_strided(
+                    np.empty(1, self.dtype),
+                    shape=shape,
+                    strides=_c_strides(shape, self.dtype.itemsize),
+                )
+                for shape in self.shapes
+            ]
+            self.parsed = parse(subscripts, [len(shape) for shape in self.shapes])
+            self.tree = compile_einsum(self.parsed, arrays, optimize, count, accumulate, relu)[0]
 
     def __call__(self, *operands: Any, out: Any = None) -> Any:
         if len(operands) != len(self.shapes):
@@ -358,6 +365,20 @@ class ContractExpression:
                 raise EinsumError(
                     f"operand {index} has shape {actual}, the expression was built for {shape}"
                 )
+        if self.tree is not None:
+            from teir.tree.from_einsum import prepare
+
+            arrays = [
+                a if a.dtype == self.dtype else a.astype(self.dtype) for a in _arrays(operands)
+            ]
+            if out is not None:
+                out = _check_out(
+                    out if isinstance(out, np.ndarray) else as_array("out", out),
+                    self.tree.out_shape,
+                    self.dtype,
+                )
+            result = self.tree(*prepare(self.parsed, arrays).views, out=out)
+            return result[()] if out is None and result.ndim == 0 else result
         return einsum(
             self.subscripts,
             *operands,
@@ -368,11 +389,10 @@ class ContractExpression:
         )
 
     def explain(self) -> str:
-        return (
-            self.plan.explain()
-            if self.plan is not None
-            else (f"# {self.subscripts}: contracted pairwise along NumPy's greedy path")
-        )
+        if self.tree is not None:
+            return f"# einsum {self.subscripts}\n{self.tree.explain()}"
+        assert self.plan is not None
+        return self.plan.explain()
 
 
 def contract_expression(
@@ -382,9 +402,11 @@ def contract_expression(
     threads: int | None = None,
     accumulate: bool = False,
     relu: bool = False,
+    optimize: Any = None,
 ) -> ContractExpression:
-    """A reusable compiled einsum for operands of the given shapes."""
-    return ContractExpression(subscripts, shapes, dtype, threads, accumulate, relu)
+    """A reusable compiled einsum for operands of the given shapes (any number of operands;
+    three or more are compiled as an einsum tree along opt_einsum's path ``optimize``)."""
+    return ContractExpression(subscripts, shapes, dtype, threads, accumulate, relu, optimize)
 
 
 def einsum_plan(

@@ -1,0 +1,336 @@
+"""A compiled einsum tree: every node planned and compiled once, intermediates in one arena.
+
+Calling it checks the leaves, then runs the nodes in post-order on raw addresses: no
+allocation but the result (none with ``out=``). Documented exceptions: a leaf that is not laid
+out as compiled is copied first, and a node that sums an id of one operand only (einsum
+semantics) reduces it with NumPy first.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from math import prod
+from typing import Any
+
+import numpy as np
+
+from teir.frontend.einsum_plan import Plan, make_plan
+from teir.kernels.arrays import data_address
+from teir.runtime.arguments import as_array
+from teir.tree.layout import lonely_ids, row_major_strides, subscripts
+from teir.tree.memory import Arena, Lifetime, plan_arena
+from teir.tree.nodes import Node, NodeKind, post_order, to_string, total_flops
+from teir.tree.parse import TreeError
+
+LEAF, BUFFER, RESULT = "leaf", "buffer", "result"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where a node's tensor lives: a leaf argument, the arena (at a byte offset) or the
+    result."""
+
+    kind: str
+    index: int = 0  # the leaf's position, or the byte offset in the arena
+
+
+@dataclass
+class Step:
+    node: Node
+    inputs: tuple[Slot, ...]
+    output: Slot
+    plan: Plan | None  # None: run through teir.einsum (a node that sums lonely ids)
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.2f} MiB"
+
+
+def _placeholder(shape: Sequence[int], strides: Sequence[int], dtype: np.dtype[Any]) -> Any:
+    """An array with this layout whose memory is never read (plans look at strides only)."""
+    return np.lib.stride_tricks.as_strided(
+        np.empty(1, dtype), shape=tuple(shape), strides=tuple(s * dtype.itemsize for s in strides)
+    )
+
+
+def _letters(node: Node) -> str:
+    """The node as einsum subscripts in ASCII letters (for teir.einsum)."""
+    names: dict[int, str] = {}
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+    def text(ids: Sequence[int]) -> str:
+        for i in ids:
+            if i not in names:
+                if len(names) == len(alphabet):
+                    raise TreeError("a node with more than 52 distinct ids")
+                names[i] = alphabet[len(names)]
+        return "".join(names[i] for i in ids)
+
+    inputs = ",".join(text(c.ids) for c in node.children)
+    return f"{inputs}->{text(node.ids)}"
+
+
+class CompiledTree:
+    """An einsum tree ready to run: ``tree(*leaves, out=None)`` returns the root's tensor.
+
+    Leaves are passed in the order of their ``leaf`` index (the order they appear in the
+    string that was parsed), each shaped by its ids' sizes, row-major.
+    """
+
+    def __init__(
+        self,
+        root: Node,
+        sizes: Sequence[int],
+        dtype: Any,
+        threads: int,
+        leaf_strides: Sequence[Sequence[int]] | None = None,
+        accumulate: bool = False,
+        relu: bool = False,
+    ) -> None:
+        self.root = root
+        self.sizes = tuple(sizes)
+        self.dtype = np.dtype(dtype)
+        self.threads = threads
+        self.accumulate = accumulate
+        self.relu = relu
+        leaf_nodes = sorted(
+            (n for n in post_order(root) if n.kind is NodeKind.LEAF), key=lambda n: n.leaf
+        )
+        if [n.leaf for n in leaf_nodes] != list(range(len(leaf_nodes))):
+            raise TreeError("the leaves of a tree must be numbered 0, 1, ... without gaps")
+        self.leaf_ids = [n.ids for n in leaf_nodes]
+        self.leaf_shapes = [n.shape(self.sizes) for n in leaf_nodes]
+        if leaf_strides is None:
+            leaf_strides = [
+                [row_major_strides(ids, self.sizes)[i] for i in ids] for ids in self.leaf_ids
+            ]
+        self.leaf_strides = [tuple(s) for s in leaf_strides]
+        self.out_shape = root.shape(self.sizes)
+        self.flops = total_flops(root, self.sizes)
+        self._lock = threading.Lock()
+        self._build()
+
+    # ---- planning ------------------------------------------------------------------------
+    def _build(self) -> None:
+        inner = [n for n in post_order(self.root) if n.kind is not NodeKind.LEAF]
+        position = {id(n): s for s, n in enumerate(inner)}
+        last_use = {id(n): position[id(n)] for n in inner}
+        for s, node in enumerate(inner):
+            for child in node.children:
+                if child.kind is not NodeKind.LEAF:
+                    last_use[id(child)] = s
+        buffered = [n for n in inner if n is not self.root]
+        itemsize = self.dtype.itemsize
+        self.arena_plan: Arena = plan_arena(
+            [
+                Lifetime(n.elements(self.sizes) * itemsize, position[id(n)], last_use[id(n)])
+                for n in buffered
+            ]
+        )
+        offsets = {id(n): o for n, o in zip(buffered, self.arena_plan.offsets)}
+        raw = np.empty(self.arena_plan.nbytes + 64, np.uint8)
+        start = (-data_address(raw)) % 64
+        self._arena = raw[start : start + self.arena_plan.nbytes]
+        self._arena_address = data_address(self._arena) if self.arena_plan.nbytes else 0
+
+        def slot(node: Node) -> Slot:
+            if node.kind is NodeKind.LEAF:
+                return Slot(LEAF, node.leaf)
+            if node is self.root:
+                return Slot(RESULT)
+            return Slot(BUFFER, offsets[id(node)])
+
+        self.steps: list[Step] = []
+        for node in inner:
+            inputs = tuple(slot(c) for c in node.children)
+            output = slot(node)
+            self.steps.append(Step(node, inputs, output, self._plan(node, inputs, output)))
+
+    def _view(self, node: Node, where: Slot) -> Any:
+        shape = node.shape(self.sizes)
+        if where.kind == LEAF:
+            return _placeholder(shape, self.leaf_strides[where.index], self.dtype)
+        strides = row_major_strides(node.ids, self.sizes)
+        if where.kind == RESULT:
+            return _placeholder(shape, [strides[i] for i in node.ids], self.dtype)
+        return self._buffer_view(node, where.index)
+
+    def _buffer_view(self, node: Node, offset: int) -> np.ndarray:
+        count = node.elements(self.sizes)
+        flat = self._arena[offset : offset + count * self.dtype.itemsize].view(self.dtype)
+        view: np.ndarray = flat.reshape(node.shape(self.sizes))
+        return view
+
+    def _plan(self, node: Node, inputs: tuple[Slot, ...], output: Slot) -> Plan | None:
+        if lonely_ids(node):
+            return None
+        root = output.kind == RESULT
+        arrays = [self._view(c, s) for c, s in zip(node.children, inputs)]
+        plan, _ = make_plan(
+            subscripts(node),
+            arrays,
+            self._view(node, output),
+            self.accumulate and root,
+            self.relu and root,
+            self.threads,
+        )
+        if plan.canonical is not None or plan.empty or any(plan.reductions):
+            return None  # not expected after legalize; teir.einsum handles it correctly
+        return plan
+
+    # ---- running -------------------------------------------------------------------------
+    def _leaves(self, leaves: Sequence[Any]) -> list[np.ndarray]:
+        if len(leaves) != len(self.leaf_shapes):
+            raise TreeError(
+                f"the tree has {len(self.leaf_shapes)} leaves but {len(leaves)} tensors were "
+                "given (one per leaf, in the order the leaves appear in the tree string)"
+            )
+        arrays = []
+        for index, value in enumerate(leaves):
+            array = value if isinstance(value, np.ndarray) else as_array(f"leaf {index}", value)
+            shape = self.leaf_shapes[index]
+            if array.shape != shape:
+                raise TreeError(
+                    f"leaf {index} (ids {list(self.leaf_ids[index])}) has shape {array.shape}, "
+                    f"the tree needs {shape} (the sizes of its ids, in its order)"
+                )
+            if array.dtype != self.dtype:
+                raise TreeError(
+                    f"leaf {index} has dtype {array.dtype}, the tree was compiled for "
+                    f"{self.dtype}: convert it with .astype(np.{self.dtype})"
+                )
+            expected = self.leaf_strides[index]
+            strides = tuple(
+                s // array.itemsize if n > 1 else 0 for n, s in zip(array.shape, array.strides)
+            )
+            if strides != tuple(s if n > 1 else 0 for n, s in zip(shape, expected)):
+                array = np.ascontiguousarray(array)  # documented: laid out as compiled
+            arrays.append(array)
+        return arrays
+
+    def _result(self, out: Any) -> tuple[np.ndarray, np.ndarray | None]:
+        """(where the root is computed, the user's ``out`` if that is somewhere else)."""
+        if out is None:
+            return np.empty(self.out_shape, self.dtype), None
+        array = out if isinstance(out, np.ndarray) else as_array("out", out)
+        if array.shape != self.out_shape or array.dtype != self.dtype:
+            raise TreeError(
+                f"out has shape {array.shape} and dtype {array.dtype}; the result has shape "
+                f"{self.out_shape} and dtype {self.dtype}"
+            )
+        if not array.flags.writeable:
+            raise TreeError("out is read-only")
+        if array.flags.c_contiguous:
+            return array, None
+        target = np.empty(self.out_shape, self.dtype)
+        if self.accumulate:
+            target[...] = array
+        return target, array
+
+    def __call__(self, *leaves: Any, out: Any = None) -> np.ndarray:
+        arrays = self._leaves(leaves)
+        result, user_out = self._result(out)
+        if any(np.may_share_memory(result, a) for a in arrays):
+            target = np.empty(self.out_shape, self.dtype)
+            if self.accumulate:
+                target[...] = result
+            self._run(arrays, target)
+            result[...] = target
+        else:
+            self._run(arrays, result)
+        if user_out is not None:
+            user_out[...] = result
+            return user_out
+        return result
+
+    def _run(self, arrays: list[np.ndarray], result: np.ndarray) -> None:
+        if not self.steps:  # the tree is one leaf: its copy
+            result[...] = arrays[0] if not self.accumulate else result + arrays[0]
+            if self.relu:
+                np.maximum(result, 0, out=result)
+            return
+        leaf_addresses = [data_address(a) for a in arrays]
+        result_address = data_address(result)
+        size = self.dtype.itemsize
+
+        def address(where: Slot) -> int:
+            if where.kind == LEAF:
+                return leaf_addresses[where.index]
+            if where.kind == RESULT:
+                return result_address
+            return self._arena_address + where.index
+
+        with self._lock:  # the arena is shared by every call
+            for step in self.steps:
+                if step.plan is None:
+                    self._run_einsum(step, arrays, result)
+                    continue
+                a0 = address(step.inputs[0])
+                a1 = address(step.inputs[1]) if len(step.inputs) == 2 else 0
+                c = address(step.output)
+                for region in step.plan.regions:
+                    o0, o1, oo = region.offsets
+                    region.operation.run_addresses(
+                        a0 + o0 * size, a1 + o1 * size if a1 else 0, c + oo * size
+                    )
+
+    def _run_einsum(self, step: Step, arrays: list[np.ndarray], result: np.ndarray) -> None:
+        from teir.frontend.einsum import einsum
+
+        def array(node: Node, where: Slot) -> np.ndarray:
+            if where.kind == LEAF:
+                return arrays[where.index]
+            if where.kind == RESULT:
+                return result
+            return self._buffer_view(node, where.index)
+
+        root = step.output.kind == RESULT
+        einsum(
+            _letters(step.node),
+            *(array(c, s) for c, s in zip(step.node.children, step.inputs)),
+            out=array(step.node, step.output),
+            threads=self.threads,
+            accumulate=self.accumulate and root,
+            relu=self.relu and root,
+        )
+
+    # ---- reporting -----------------------------------------------------------------------
+    @property
+    def intermediate_bytes(self) -> int:
+        """The arena's size: the peak memory of the intermediates."""
+        return self.arena_plan.nbytes
+
+    def explain(self) -> str:
+        """The tree, each node with its FLOPs, its tensor's size and where it lives, and the
+        TEIR configuration it runs."""
+        lines = [
+            f"# einsum tree {to_string(self.root)}",
+            f"# {self.dtype.name}, {self.threads} thread(s), {self.flops / 1e9:.4g} GFLOP per "
+            f"call; intermediates: arena {_mib(self.arena_plan.nbytes)} (live peak "
+            f"{_mib(self.arena_plan.live_peak)}), result {_mib(result_bytes(self))}",
+        ]
+        for number, step in enumerate(self.steps):
+            node = step.node
+            kind = node.kind.value
+            operands = " x ".join(str(list(c.ids)) for c in node.children)
+            where = "result" if step.output.kind == RESULT else f"arena @ {step.output.index} B"
+            lines.append("")
+            lines.append(
+                f"## step {number}: {kind} {operands} -> {list(node.ids)}: "
+                f"{node.flops(self.sizes) / 1e9:.4g} GFLOP, "
+                f"{_mib(node.elements(self.sizes) * self.dtype.itemsize)} in {where}"
+            )
+            if step.plan is None:
+                lines.append("# runs through teir.einsum (sums an id of one operand first)")
+            else:
+                lines += [line for line in step.plan.explain().splitlines()[1:]]
+        return "\n".join(lines)
+
+
+def result_bytes(tree: CompiledTree) -> int:
+    return prod(tree.out_shape) * int(tree.dtype.itemsize)
+
+
+__all__ = ["CompiledTree"]

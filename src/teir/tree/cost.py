@@ -1,0 +1,110 @@
+"""A cost model for tree nodes: the schedule teir.optimize writes for a node with given
+layouts, lowered (no code generated), and its kernel's expected efficiency.
+
+Costs are in FLOP-equivalents of one core at peak: a contraction costs its FLOPs over the
+kernel's expected efficiency plus a fixed overhead per kernel call; a permutation costs its
+bytes at the rate a core copies them relative to its FMA peak.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+from math import prod
+from typing import Any
+
+import numpy as np
+
+from teir.codegen.specs import BrgemmSpec
+from teir.codegen.target import Target
+from teir.ir import Config
+from teir.lower.nest import lower
+from teir.optimizer import optimize_with_log
+from teir.tree.layout import node_fields
+from teir.tree.nodes import Node, NodeKind
+
+# Measured on this kind of machine: a core does ~8 FLOPs in the time it copies one byte of a
+# tensor that does not fit its caches, and a kernel call with its loop costs ~20 ns.
+COPY_FLOPS_PER_BYTE = 8.0
+CALL_FLOPS = 2000.0
+GENERIC_EFFICIENCY = 0.03
+
+
+def _fill(extent: int, lanes: int) -> float:
+    return extent / (-(-extent // lanes) * lanes)
+
+
+def kernel_efficiency(spec: BrgemmSpec, lanes: int) -> float:
+    """Expected fraction of peak of a BRGEMM kernel: vector lanes filled along the vectorized
+    extent, register blocking limited by a thin N, and C traffic amortized over K."""
+    vectorized = spec.k if spec.trans_a and spec.n < 16 else spec.m
+    k = spec.k * spec.batch
+    return _fill(vectorized, lanes) * min(1.0, spec.n / 4) * (k / (k + 2))
+
+
+@lru_cache(maxsize=4096)
+def _contraction_cost(
+    node: Node,
+    child_ids: tuple[tuple[int, ...], ...],
+    sizes: tuple[int, ...],
+    dtype: str,
+    threads: int,
+) -> float:
+    dt = np.dtype(dtype)
+    fields = node_fields(node, child_ids, sizes, dt)
+    try:
+        config, _ = optimize_with_log(fields, threads)
+    except Exception:  # a node the optimizer cannot schedule runs on the generic fallback
+        return node.flops(sizes) / GENERIC_EFFICIENCY
+    nest = lower(config)
+    main = nest.main
+    flops = float(node.flops(sizes))
+    if main is None or not isinstance(main.spec, BrgemmSpec):
+        return flops / GENERIC_EFFICIENCY
+    lanes = Target.host().lanes(dt.itemsize)
+    calls = nest.iterations * max(1, prod(loop.size for loop in main.loops))
+    return flops / kernel_efficiency(main.spec, lanes) + calls * CALL_FLOPS / max(1, threads)
+
+
+def node_cost(
+    node: Node,
+    child_ids: Sequence[Sequence[int]],
+    sizes: Sequence[int],
+    dtype: Any,
+    threads: int,
+) -> float:
+    """Estimated cost of ``node`` alone, with its children laid out in ``child_ids``."""
+    if node.kind is NodeKind.LEAF:
+        return 0.0
+    if node.kind is NodeKind.PERMUTATION:
+        (ids,) = child_ids
+        if tuple(ids) == node.ids:
+            return 0.0
+        itemsize = int(np.dtype(dtype).itemsize)
+        return 2.0 * node.elements(sizes) * itemsize * COPY_FLOPS_PER_BYTE
+    return _contraction_cost(
+        node, tuple(tuple(c) for c in child_ids), tuple(sizes), np.dtype(dtype).str, threads
+    )
+
+
+def is_generic(node: Node, sizes: Sequence[int], dtype: Any, threads: int) -> bool:
+    """Whether the node's kernel is the scalar fallback (no layout fits a GEMM kernel)."""
+    if node.kind is not NodeKind.CONTRACTION:
+        return False
+    config = node_config(node, sizes, dtype, threads)
+    main = lower(config).main
+    return main is not None and main.kind == "generic"
+
+
+def node_config(node: Node, sizes: Sequence[int], dtype: Any, threads: int) -> Config:
+    """The configuration teir.optimize writes for the node (children as they are laid out)."""
+    fields = node_fields(node, [c.ids for c in node.children], sizes, np.dtype(dtype))
+    return optimize_with_log(fields, threads)[0]
+
+
+def tree_cost(node: Node, sizes: Sequence[int], dtype: Any, threads: int) -> float:
+    own = node_cost(node, [c.ids for c in node.children], sizes, dtype, threads)
+    return own + sum(tree_cost(c, sizes, dtype, threads) for c in node.children)
+
+
+__all__ = ["is_generic", "kernel_efficiency", "node_config", "node_cost", "tree_cost"]

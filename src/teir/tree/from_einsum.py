@@ -1,0 +1,133 @@
+"""Einsums of three or more operands as einsum trees: opt_einsum chooses the contraction
+path, each pairwise step becomes a contraction node, and the tree is optimized and compiled.
+
+Operands are prepared as the two-operand einsum prepares them (diagonals become strided
+views, size-1 dimensions broadcast by being dropped, negative strides copied), then put in
+descending stride order, a free transposed view, so that every leaf's last id has the smallest
+stride and the tree's cost model sees its layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import opt_einsum  # type: ignore[import-untyped]
+
+from teir.frontend.einsum_parse import EinsumError, Subscripts
+from teir.frontend.einsum_plan import label_sizes, operand
+from teir.tree.compiled import CompiledTree
+from teir.tree.nodes import Node
+from teir.tree.rewrite import legalize, optimize_tree
+
+
+@dataclass
+class Prepared:
+    """The operands as leaves: a view per operand, its ids (outermost first)."""
+
+    views: list[np.ndarray]
+    leaf_ids: list[tuple[int, ...]]
+    sizes: list[int]
+    output: tuple[int, ...]
+
+
+def prepare(parsed: Subscripts, arrays: Sequence[np.ndarray]) -> Prepared:
+    operands = [operand(a, labels, i) for i, (a, labels) in enumerate(zip(arrays, parsed.inputs))]
+    label_size = label_sizes(operands, parsed.output)
+    ids: dict[str, int] = {}
+    for op in operands:
+        for lab in op.labels:
+            ids.setdefault(lab, len(ids))
+    for lab in parsed.output:
+        ids.setdefault(lab, len(ids))
+    sizes = [label_size[lab] for lab in ids]
+    views, leaf_ids = [], []
+    for op in operands:
+        # a size-1 dimension of a larger label broadcasts: the operand does not vary along it
+        kept = [lab for lab in op.labels if op.sizes[lab] == label_size[lab]]
+        kept.sort(key=lambda lab: -op.strides[lab] if op.sizes[lab] > 1 else 0)
+        itemsize = op.array.itemsize
+        view = np.lib.stride_tricks.as_strided(
+            op.array,
+            shape=[op.sizes[lab] for lab in kept],
+            strides=[op.strides[lab] * itemsize for lab in kept],
+            writeable=False,
+        )
+        views.append(view)
+        leaf_ids.append(tuple(ids[lab] for lab in kept))
+    return Prepared(views, leaf_ids, sizes, tuple(ids[lab] for lab in parsed.output))
+
+
+def _path(prepared: Prepared, optimize: Any) -> list[tuple[int, ...]]:
+    count = len(prepared.leaf_ids)
+    if optimize is False:
+        return [(0, 1)] * (count - 1)  # left to right, as NumPy without optimization
+    if optimize is None or optimize is True:
+        optimize = "auto"
+    terms = ",".join("".join(opt_einsum.get_symbol(i) for i in t) for t in prepared.leaf_ids)
+    equation = f"{terms}->{''.join(opt_einsum.get_symbol(i) for i in prepared.output)}"
+    shapes = [tuple(prepared.sizes[i] for i in t) for t in prepared.leaf_ids]
+    try:
+        path, _ = opt_einsum.contract_path(equation, *shapes, shapes=True, optimize=optimize)
+    except (TypeError, ValueError, KeyError) as error:
+        raise EinsumError(f"optimize={optimize!r} is not a contraction path: {error}") from None
+    return [tuple(step) for step in path]
+
+
+def build_tree(prepared: Prepared, path: Sequence[tuple[int, ...]]) -> Node:
+    """The contraction nodes along ``path`` (opt_einsum's convention: the operands of a step
+    are removed and its result appended); the last one writes the output's order."""
+    nodes = [Node(ids, leaf=i) for i, ids in enumerate(prepared.leaf_ids)]
+    for step in path:
+        if len(step) < 2:
+            continue  # a one-operand step sums ids: the next contraction does that
+        if any(not isinstance(i, int) or not 0 <= i < len(nodes) for i in step):
+            raise EinsumError(f"contraction path step {step} names operands that do not exist")
+        chosen = [nodes[i] for i in step]
+        for i in sorted(step, reverse=True):
+            del nodes[i]
+        node = chosen[0]
+        for other in chosen[1:]:
+            node = _contract(node, other, nodes + chosen[chosen.index(other) + 1 :], prepared)
+        nodes.append(node)
+    while len(nodes) > 1:  # whatever the path left
+        node = _contract(nodes[0], nodes[1], nodes[2:], prepared)
+        nodes = [*nodes[2:], node]
+    root = nodes[0]
+    if root.ids != prepared.output:
+        root = Node(prepared.output, (root,))  # a permutation, or the sum of what is left
+    return root
+
+
+def _contract(left: Node, right: Node, rest: Sequence[Node], prepared: Prepared) -> Node:
+    needed = set(prepared.output) | {i for n in rest for i in n.ids}
+    if not rest:
+        return Node(prepared.output, (left, right))
+    ids = [i for i in dict.fromkeys(left.ids + right.ids) if i in needed]
+    return Node(tuple(ids), (left, right))
+
+
+def compile_einsum(
+    parsed: Subscripts,
+    arrays: Sequence[np.ndarray],
+    optimize: Any,
+    threads: int,
+    accumulate: bool,
+    relu: bool,
+) -> tuple[CompiledTree, list[np.ndarray]]:
+    """The compiled tree for these operands and the views it is called with."""
+    prepared = prepare(parsed, arrays)
+    dtype = arrays[0].dtype
+    root = build_tree(prepared, _path(prepared, optimize))
+    if any(size == 0 for size in prepared.sizes):
+        root = legalize(root, prepared.sizes, dtype, threads)
+    else:
+        root = optimize_tree(root, prepared.sizes, dtype, threads)
+    strides = [[s // view.itemsize for s in view.strides] for view in prepared.views]
+    tree = CompiledTree(root, prepared.sizes, dtype, threads, strides, accumulate, relu)
+    return tree, prepared.views
+
+
+__all__ = ["Prepared", "build_tree", "compile_einsum", "prepare"]

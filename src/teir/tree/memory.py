@@ -1,0 +1,78 @@
+"""Memory for a tree's intermediates: one arena, each intermediate at an offset, reused by
+intermediates whose lifetimes do not overlap.
+
+A lifetime is the range of steps (inclusive) from the step that writes a tensor to the last
+step that reads it. The lower bound on any arena is the largest total of tensors live at one
+step; that is also what a library freeing each intermediate right after its last use (as
+opt_einsum does) holds at its peak.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+ALIGN = 64
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    nbytes: int
+    first: int  # the step that writes it
+    last: int  # the last step that reads it
+
+
+@dataclass(frozen=True)
+class Arena:
+    offsets: tuple[int, ...]  # bytes, one per lifetime
+    nbytes: int  # the arena's size
+    live_peak: int  # the lower bound: most bytes live at one step
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def live_peak(lifetimes: Sequence[Lifetime]) -> int:
+    steps = {t for life in lifetimes for t in (life.first, life.last)}
+    return max(
+        (sum(x.nbytes for x in lifetimes if x.first <= t <= x.last) for t in steps), default=0
+    )
+
+
+def _first_fit(lifetimes: Sequence[Lifetime], order: Sequence[int]) -> tuple[list[int], int]:
+    offsets = [0] * len(lifetimes)
+    placed: list[int] = []
+    end = 0
+    for index in order:
+        life = lifetimes[index]
+        size = _aligned(life.nbytes)
+        busy = sorted(
+            (offsets[j], offsets[j] + _aligned(lifetimes[j].nbytes))
+            for j in placed
+            if lifetimes[j].first <= life.last and life.first <= lifetimes[j].last
+        )
+        offset = 0
+        for start, stop in busy:
+            if offset + size <= start:
+                break
+            offset = max(offset, stop)
+        offsets[index] = offset
+        placed.append(index)
+        end = max(end, offset + size)
+    return offsets, end
+
+
+def plan_arena(lifetimes: Sequence[Lifetime]) -> Arena:
+    """Offsets for every lifetime: the better of first-fit in step order and first-fit
+    largest first (both reuse memory across disjoint lifetimes)."""
+    n = len(lifetimes)
+    candidates = [
+        _first_fit(lifetimes, sorted(range(n), key=lambda i: (lifetimes[i].first, i))),
+        _first_fit(lifetimes, sorted(range(n), key=lambda i: (-lifetimes[i].nbytes, i))),
+    ]
+    offsets, nbytes = min(candidates, key=lambda c: c[1])
+    return Arena(tuple(offsets), nbytes, live_peak(lifetimes))
+
+
+__all__ = ["Arena", "Lifetime", "live_peak", "plan_arena"]

@@ -1,0 +1,193 @@
+"""Tree rewrites and the tree optimizer.
+
+The course's three rewrites — swap the operands of a contraction, reorder the ids of an
+interior node, insert a permutation node — are plain functions here. ``optimize_tree`` uses
+them top-down: the root's layout is fixed (it is the result); for every node it tries the
+layouts of each child that give the node's kernel unit strides (and keeping the child as it
+is), costs the node and the child together with :mod:`teir.tree.cost`, and keeps the cheapest.
+``legalize`` then makes sure no node is left on the scalar fallback kernel, by copying its
+operands into layouts that fit (explicit permutation nodes, so their memory is planned).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from teir.tree.cost import is_generic, node_cost
+from teir.tree.layout import roles
+from teir.tree.nodes import Node, NodeKind
+
+
+def swap_operands(node: Node) -> Node:
+    """``left,right->out`` becomes ``right,left->out`` (the same result)."""
+    if node.kind is not NodeKind.CONTRACTION:
+        raise ValueError("only a contraction has two operands to swap")
+    return node.with_children(node.children[::-1])
+
+
+def reorder(node: Node, ids: Sequence[int]) -> Node:
+    """An interior node computing the same tensor with its ids in another order."""
+    if sorted(ids) != sorted(node.ids):
+        raise ValueError(f"{list(ids)} is not a reordering of {list(node.ids)}")
+    if node.kind is NodeKind.LEAF:
+        raise ValueError("a leaf's layout is its input's: insert a permutation instead")
+    return node.with_ids(ids)
+
+
+def insert_permutation(node: Node, ids: Sequence[int]) -> Node:
+    """A permutation node above ``node`` producing its tensor with ids in the order ``ids``."""
+    if sorted(ids) != sorted(node.ids):
+        raise ValueError(f"{list(ids)} is not a reordering of {list(node.ids)}")
+    return Node(tuple(ids), (node,))
+
+
+def _conditional_swap(node: Node) -> Node:
+    """Children first; then put the operand holding the output's unit-stride id on the left
+    (in0), the course's convention for column-major kernels."""
+    if node.kind is NodeKind.LEAF:
+        return node
+    node = node.with_children([_conditional_swap(c) for c in node.children])
+    if node.kind is NodeKind.CONTRACTION and node.ids:
+        left, right = node.children
+        unit = node.ids[-1]
+        if unit in right.ids and unit not in left.ids:
+            return swap_operands(node)
+    return node
+
+
+def _complete(order: list[int], ids: Sequence[int]) -> tuple[int, ...]:
+    """``order`` restricted to ``ids``, with ids it misses (summed ones) outermost."""
+    chosen = [i for i in order if i in ids]
+    return tuple([i for i in ids if i not in chosen] + chosen)
+
+
+def _wanted_orders(parent: Node, position: int, child: Node) -> list[tuple[int, ...]]:
+    """Layouts of the child that give the parent's kernel unit strides (for a permutation
+    parent: its own layout, which makes the copy unnecessary)."""
+    if parent.kind is NodeKind.PERMUTATION:
+        return [parent.ids]
+    r = roles(parent)
+    sibling = parent.children[1 - position]
+    k = [i for i in sibling.ids if i in r["K"]]  # K in the sibling's order: batch-reducible
+    own = r["M"] if position == 0 else r["N"]
+    orders = [
+        _complete(r["C"] + k + own, child.ids),  # column-major A / row-major-transposed B
+        _complete(r["C"] + own + k, child.ids),  # unit stride on K
+    ]
+    if child.kind is NodeKind.CONTRACTION:
+        cr = roles(child)
+        orders.append(_complete(cr["C"] + cr["N"] + cr["M"], child.ids))
+    return orders
+
+
+def _cost(node: Node, sizes: Sequence[int], dtype: Any, threads: int) -> float:
+    return node_cost(node, [c.ids for c in node.children], sizes, dtype, threads)
+
+
+def _candidates(parent: Node, position: int, child: Node) -> list[Node]:
+    options = [child]
+    orders = _wanted_orders(parent, position, child)
+    if child.kind is NodeKind.PERMUTATION:
+        options.append(child.children[0])  # no copy: the parent reads the child's layout
+        options += [child.with_ids(o) for o in orders]
+    elif child.kind is NodeKind.CONTRACTION:
+        options += [reorder(child, o) for o in orders]
+    else:
+        options += [insert_permutation(child, o) for o in orders if o != child.ids]
+    unique: list[Node] = []
+    for option in options:
+        if option not in unique:
+            unique.append(option)
+    return unique
+
+
+def _place(node: Node, sizes: Sequence[int], dtype: Any, threads: int) -> Node:
+    """Choose the layouts below ``node`` (whose own layout is fixed)."""
+    if node.kind is NodeKind.LEAF:
+        return node
+    children = list(node.children)
+    for position in range(len(children)):
+        best: tuple[float, Node] | None = None
+        current = node.with_children(children)
+        for option in _candidates(current, position, children[position]):
+            trial = children.copy()
+            trial[position] = option
+            total = _cost(node.with_children(trial), sizes, dtype, threads) + _cost(
+                option, sizes, dtype, threads
+            )
+            if best is None or total < best[0] * 0.97:  # keep the simpler tree on near-ties
+                best = (total, option)
+        assert best is not None
+        children[position] = best[1]
+    return node.with_children([_place(c, sizes, dtype, threads) for c in children])
+
+
+def canonical_children(node: Node) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """Layouts (left, right, out) in which a contraction runs on GEMM kernels with unit
+    strides: left (C, K, M), right (C, N, K), out (C, N, M), innermost last."""
+    r = roles(node)
+    left, right = node.children
+    return (
+        _complete(r["C"] + r["K"] + r["M"], left.ids),
+        _complete(r["C"] + r["N"] + r["K"], right.ids),
+        tuple(r["C"] + r["N"] + r["M"]),
+    )
+
+
+def legalize(node: Node, sizes: Sequence[int], dtype: Any, threads: int, root: bool = True) -> Node:
+    """``node`` with no contraction left on the scalar fallback kernel: such a contraction's
+    operands (and, if needed, its result) are permuted into layouts that fit."""
+    if node.kind is NodeKind.LEAF:
+        return node
+    node = node.with_children([legalize(c, sizes, dtype, threads, False) for c in node.children])
+    if not is_generic(node, sizes, dtype, threads):
+        return node
+    left_ids, right_ids, out_ids = canonical_children(node)
+    left, right = node.children
+    children = []
+    for child, ids in ((left, left_ids), (right, right_ids)):
+        if child.ids == ids:
+            children.append(child)
+        elif child.kind is NodeKind.LEAF:
+            children.append(insert_permutation(child, ids))
+        else:
+            children.append(reorder(child, ids))
+    if node.ids == out_ids:
+        return node.with_children(children)
+    inner = Node(out_ids, tuple(children))
+    if root:
+        return insert_permutation(inner, node.ids)
+    return inner  # the parent reads this layout (and is legalized after)
+
+
+def drop_identities(node: Node, root: bool = True) -> Node:
+    """Permutation nodes that do not permute (their child already has their layout) removed,
+    except one that copies a leaf into the result."""
+    if node.kind is NodeKind.LEAF:
+        return node
+    children = [drop_identities(c, False) for c in node.children]
+    node = node.with_children(children)
+    identity = node.kind is NodeKind.PERMUTATION and children[0].ids == node.ids
+    if identity and not (root and children[0].kind is NodeKind.LEAF):
+        return children[0]
+    return node
+
+
+def optimize_tree(node: Node, sizes: Sequence[int], dtype: Any, threads: int) -> Node:
+    """The tree rewritten for speed: operands swapped by the course's convention, interior
+    layouts and permutation nodes chosen by the cost model, no scalar-fallback kernels."""
+    node = _conditional_swap(node)
+    node = drop_identities(_place(node, sizes, dtype, threads))
+    return drop_identities(legalize(node, sizes, dtype, threads))
+
+
+__all__ = [
+    "canonical_children",
+    "drop_identities",
+    "insert_permutation",
+    "legalize",
+    "optimize_tree",
+    "reorder",
+    "swap_operands",
+]
