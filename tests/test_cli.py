@@ -219,3 +219,47 @@ def test_run_optimize_unscheduled(capsys):
     assert main(["run", str(path), "--optimize", "--check", "--repeat", "1", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["check"]["ok"] and report["gflops"] > 1
+
+
+@pytest.mark.parametrize(
+    "string",
+    ["[[0,2]->[2,0]],[1,2]->[1,0]", "[3,2,0],[3,1,2]->[1,0]", "[3,2,1,0]->[3,1,2,0]"],
+)
+@pytest.mark.parametrize("optimize", [[], ["--no-optimize"]])
+def test_tree_command_checks_against_numpy(capsys, string, optimize):
+    status = main(["tree", string, "--sizes", "7,5,6,3", "--dtype", "f64", *optimize])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "check against NumPy: OK" in out
+
+
+def test_tree_command_explain_and_bench(capsys):
+    string = "[[8,4],[7,3,8]->[7,3,4]],[[[2,6,7],[1,5,6]->[1,2,5,7]],[0,5]->[0,1,2,7]]->[0,1,2,3,4]"
+    sizes = "6,5,7,8,3,4,9,5,3"
+    assert (
+        main(["tree", string, "--sizes", sizes, "--explain", "--bench", "--seconds", "0.01"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert out.count("## step") >= 4  # the optimizer may add permutation nodes
+    assert "GFLOP/s" in out and "check against NumPy: OK" in out
+
+
+def test_tree_command_errors_point_at_the_problem(capsys):
+    assert main(["tree", "[0,1],[1,2->[0,2]", "--sizes", "3,3,3"]) == 1
+    err = capsys.readouterr().err
+    assert "position" in err and "^" in err
+    assert main(["tree", "[0,1],[1,2]->[0,2]", "--sizes", "3,x"]) == 1
+    assert "--sizes" in capsys.readouterr().err
+    assert main(["tree", "[0,1],[1,2]->[0,2]", "--sizes", "3,3"]) == 1
+    assert "ids [2]" in capsys.readouterr().err
+
+
+def test_bench_trees_expression_follows_the_tree():
+    from teir.bench.trees import COURSE_TREES, expression, opt_einsum_peak
+    from teir.tree.parse import parse_tree
+
+    name, string, sizes = COURSE_TREES[0]
+    subscripts, path = expression(parse_tree(string))
+    assert subscripts == "ie,hdi,cgh,bfg,af->abcde"
+    assert path == [[0, 1], [0, 1], [0, 2], [0, 1]]
+    assert opt_einsum_peak(parse_tree(string), sizes, 4) > 0

@@ -323,7 +323,9 @@ class CompiledTree:
                 f"{_mib(node.elements(self.sizes) * self.dtype.itemsize)} in {where}"
             )
             if step.plan is None:
-                lines.append("# runs through teir.einsum (sums an id of one operand first)")
+                lines.append(
+                    "# runs through teir.einsum (it sums an id of one operand, or has a size 0)"
+                )
             else:
                 lines += [line for line in step.plan.explain().splitlines()[1:]]
         return "\n".join(lines)
