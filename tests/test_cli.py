@@ -258,7 +258,7 @@ def test_bench_trees_expression_follows_the_tree():
     from teir.bench.trees import COURSE_TREES, expression, opt_einsum_peak
     from teir.tree.parse import parse_tree
 
-    name, string, sizes = COURSE_TREES[0]
+    _, string, sizes = COURSE_TREES[0]
     subscripts, path = expression(parse_tree(string))
     assert subscripts == "ie,hdi,cgh,bfg,af->abcde"
     assert path == [[0, 1], [0, 1], [0, 2], [0, 1]]

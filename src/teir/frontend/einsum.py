@@ -114,7 +114,7 @@ def _check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.nda
     if not out.flags.writeable:
         raise EinsumError("out is read-only")
     for size, stride in zip(out.shape, out.strides):
-        if size > 1 and stride == 0:
+        if size > 1 and stride == 0 and out.size:
             raise EinsumError("out repeats elements (a broadcast view): pass a real array")
     checked: np.ndarray = out
     return checked
@@ -377,7 +377,8 @@ class ContractExpression:
                     self.tree.out_shape,
                     self.dtype,
                 )
-            result = self.tree(*prepare(self.parsed, arrays).views, out=out)
+            views = prepare(self.parsed, arrays, self.tree.leaf_ids).views
+            result = self.tree(*views, out=out)
             return result[()] if out is None and result.ndim == 0 else result
         return einsum(
             self.subscripts,

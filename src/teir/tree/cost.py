@@ -20,7 +20,7 @@ from teir.codegen.target import Target
 from teir.ir import Config
 from teir.lower.nest import lower
 from teir.optimizer import optimize_with_log
-from teir.tree.layout import node_fields
+from teir.tree.layout import lonely_ids, node_fields
 from teir.tree.nodes import Node, NodeKind
 
 # Measured on this kind of machine: a core does ~8 FLOPs in the time it copies one byte of a
@@ -78,7 +78,7 @@ def node_cost(
         return 0.0
     if node.kind is NodeKind.PERMUTATION:
         (ids,) = child_ids
-        if tuple(ids) == node.ids:
+        if tuple(ids) == node.ids or lonely_ids(node):  # a reduction runs through NumPy
             return 0.0
         itemsize = int(np.dtype(dtype).itemsize)
         return 2.0 * node.elements(sizes) * itemsize * COPY_FLOPS_PER_BYTE

@@ -42,7 +42,7 @@ def _dtype(dtype: Any) -> np.dtype[Any]:
         value = np.dtype(dtype)
     except TypeError:
         value = None
-    if value not in (np.dtype(np.float32), np.dtype(np.float64)):
+    if value is None or value not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise TreeError(f"dtype must be float32 or float64 (FP32/FP64), got {dtype!r}")
     checked: np.dtype[Any] = value
     return checked

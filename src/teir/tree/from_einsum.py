@@ -20,7 +20,7 @@ from teir.frontend.einsum_parse import EinsumError, Subscripts
 from teir.frontend.einsum_plan import label_sizes, operand
 from teir.tree.compiled import CompiledTree
 from teir.tree.nodes import Node
-from teir.tree.rewrite import legalize, optimize_tree
+from teir.tree.rewrite import optimize_tree
 
 
 @dataclass
@@ -33,7 +33,13 @@ class Prepared:
     output: tuple[int, ...]
 
 
-def prepare(parsed: Subscripts, arrays: Sequence[np.ndarray]) -> Prepared:
+def prepare(
+    parsed: Subscripts,
+    arrays: Sequence[np.ndarray],
+    orders: Sequence[Sequence[int]] | None = None,
+) -> Prepared:
+    """The operands as leaves; ``orders`` (ids per operand, from an earlier call) fixes the
+    order of each leaf's ids instead of sorting them by stride."""
     operands = [operand(a, labels, i) for i, (a, labels) in enumerate(zip(arrays, parsed.inputs))]
     label_size = label_sizes(operands, parsed.output)
     ids: dict[str, int] = {}
@@ -47,7 +53,11 @@ def prepare(parsed: Subscripts, arrays: Sequence[np.ndarray]) -> Prepared:
     for op in operands:
         # a size-1 dimension of a larger label broadcasts: the operand does not vary along it
         kept = [lab for lab in op.labels if op.sizes[lab] == label_size[lab]]
-        kept.sort(key=lambda lab: -op.strides[lab] if op.sizes[lab] > 1 else 0)
+        if orders is None:
+            kept.sort(key=lambda lab: -op.strides[lab] if op.sizes[lab] > 1 else 0)
+        else:
+            position = {i: n for n, i in enumerate(orders[len(views)])}
+            kept.sort(key=lambda lab: position.get(ids[lab], -1))
         itemsize = op.array.itemsize
         view = np.lib.stride_tricks.as_strided(
             op.array,
@@ -66,12 +76,14 @@ def _path(prepared: Prepared, optimize: Any) -> list[tuple[int, ...]]:
         return [(0, 1)] * (count - 1)  # left to right, as NumPy without optimization
     if optimize is None or optimize is True:
         optimize = "auto"
+    if isinstance(optimize, (list, tuple)) and optimize and optimize[0] == "einsum_path":
+        optimize = list(optimize[1:])  # the form numpy.einsum_path returns
     terms = ",".join("".join(opt_einsum.get_symbol(i) for i in t) for t in prepared.leaf_ids)
     equation = f"{terms}->{''.join(opt_einsum.get_symbol(i) for i in prepared.output)}"
     shapes = [tuple(prepared.sizes[i] for i in t) for t in prepared.leaf_ids]
     try:
         path, _ = opt_einsum.contract_path(equation, *shapes, shapes=True, optimize=optimize)
-    except (TypeError, ValueError, KeyError) as error:
+    except (TypeError, ValueError, KeyError, IndexError) as error:
         raise EinsumError(f"optimize={optimize!r} is not a contraction path: {error}") from None
     return [tuple(step) for step in path]
 
@@ -121,9 +133,7 @@ def compile_einsum(
     prepared = prepare(parsed, arrays)
     dtype = arrays[0].dtype
     root = build_tree(prepared, _path(prepared, optimize))
-    if any(size == 0 for size in prepared.sizes):
-        root = legalize(root, prepared.sizes, dtype, threads)
-    else:
+    if all(size > 0 for size in prepared.sizes):  # (empty nodes run through teir.einsum)
         root = optimize_tree(root, prepared.sizes, dtype, threads)
     strides = [[s // view.itemsize for s in view.strides] for view in prepared.views]
     tree = CompiledTree(root, prepared.sizes, dtype, threads, strides, accumulate, relu)

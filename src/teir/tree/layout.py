@@ -53,15 +53,17 @@ def node_fields(
     dtype: np.dtype[Any],
 ) -> dict[str, Any]:
     """Unscheduled TEIR fields of ``node`` with its children laid out row-major in
-    ``child_ids`` and its own result row-major in ``node.ids``."""
-    inputs = [_operand(ids, sizes, dtype) for ids in child_ids]
+    ``child_ids`` and its own result row-major in ``node.ids`` (ids of one child only that the
+    node sums away are left out: they are reduced before the contraction runs)."""
+    lonely = set(lonely_ids(node))
+    inputs = [_operand([i for i in ids if i not in lonely], sizes, dtype) for ids in child_ids]
     out_strides = row_major_strides(node.ids, sizes)
     return build_config(
         dtype,
         inputs,
         tuple(label(i) for i in node.ids),
         {label(i): s for i, s in out_strides.items()},
-        {label(i): sizes[i] for ids in child_ids for i in ids},
+        {label(i): sizes[i] for ids in child_ids for i in ids if i not in lonely},
         False,
         False,
     )
@@ -69,6 +71,8 @@ def node_fields(
 
 def lonely_ids(node: Node) -> list[int]:
     """Ids of one child only that the node sums away (einsum semantics)."""
+    if len(node.children) == 1:
+        return sorted(set(node.children[0].ids) - set(node.ids))
     if len(node.children) != 2:
         return []
     left, right = (set(child.ids) for child in node.children)
@@ -78,7 +82,8 @@ def lonely_ids(node: Node) -> list[int]:
 def roles(node: Node) -> dict[str, list[int]]:
     """The contraction's ids by role: C (both children and out), M (left and out), N (right
     and out), K (both children, not out); C/M/N in the output's order, K in the left's."""
-    left, right = (child.ids for child in node.children)
+    lonely = set(lonely_ids(node))
+    left, right = ([i for i in child.ids if i not in lonely] for child in node.children)
     out = node.ids
     return {
         "C": [i for i in out if i in left and i in right],
