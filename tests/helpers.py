@@ -22,3 +22,21 @@ def operands(config: teir.Config, seed: int = 0) -> tuple:
         else:
             result.append(None)
     return tuple(result)
+
+
+def out_array(start: np.ndarray, layout: str) -> np.ndarray:
+    """A copy of ``start`` laid out as ``layout``: "C", "F", "strided" (every other element
+    of a larger array) or "reversed" (a negative stride)."""
+    shape = start.shape
+    if layout == "F" and shape:
+        return np.asfortranarray(start.copy())
+    if layout == "strided" and shape:
+        big = np.zeros([2 * n for n in shape], start.dtype)
+        out = big[tuple(slice(None, None, 2) for _ in shape)]
+        out[...] = start
+        return out
+    if layout == "reversed" and shape:
+        out = start.copy()[::-1]
+        out[...] = start
+        return out
+    return start.copy()

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import teir
+from helpers import out_array
 
 RNG = np.random.default_rng(7)
 
@@ -343,17 +344,7 @@ def test_generated_einsums_into_out_views(case, layout, accumulate, relu, seed):
     dtype = np.result_type(*arrays)
     rng = np.random.default_rng(seed)
     start = rng.uniform(-1, 1, shape).astype(dtype)
-    if layout == "F" and shape:
-        out = np.asfortranarray(start.copy())
-    elif layout == "strided" and shape:
-        big = np.zeros([2 * n for n in shape], dtype)
-        out = big[tuple(slice(None, None, 2) for _ in shape)]
-        out[...] = start
-    elif layout == "reversed" and shape:
-        out = start.copy()[::-1]
-        out[...] = start
-    else:
-        out = start.copy()
+    out = out_array(start, layout)
     result = teir.einsum(subscripts, *arrays, out=out, accumulate=accumulate, relu=relu)
     assert result is out
     if accumulate:

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import teir
+from helpers import out_array
 
 RNG = np.random.default_rng(11)
 OPTIMIZE = [None, "auto", "greedy", "optimal", "dp", False, True]
@@ -182,17 +183,7 @@ def test_generated_einsums_into_out(case, layout, accumulate, relu, seed):
     subscripts, arrays, dtype = case
     shape = np.shape(np.einsum(subscripts, *arrays))
     start = np.random.default_rng(seed).uniform(-1, 1, shape).astype(dtype)
-    if layout == "F" and shape:
-        out = np.asfortranarray(start.copy())
-    elif layout == "strided" and shape:
-        big = np.zeros([2 * n for n in shape], dtype)
-        out = big[tuple(slice(None, None, 2) for _ in shape)]
-        out[...] = start
-    elif layout == "reversed" and shape:
-        out = start.copy()[::-1]
-        out[...] = start
-    else:
-        out = start.copy()
+    out = out_array(start, layout)
     result = teir.einsum(subscripts, *arrays, out=out, accumulate=accumulate, relu=relu)
     assert result is out
     assert_close(out, subscripts, arrays, dtype, start if accumulate else None, relu)

@@ -21,6 +21,7 @@ from teir.bench.progress import Progress
 from teir.bench.timing import best_seconds
 from teir.runtime.pool import default_threads
 from teir.tree.einsum_tree import EinsumTree
+from teir.tree.layout import LETTERS
 from teir.tree.memory import Lifetime, live_peak
 from teir.tree.nodes import Node, NodeKind, leaves, post_order
 
@@ -55,14 +56,12 @@ COURSE_TREES: list[tuple[str, str, list[int]]] = [
     ),
 ]
 
-_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-
 
 def expression(root: Node) -> tuple[str, list[list[int]]]:
     """The tree as one einsum over its leaves (in leaf order) and the contraction path
     (opt_einsum's convention) that follows its contraction nodes; permutations vanish."""
-    terms = ",".join("".join(_LETTERS[i] for i in leaf.ids) for leaf in leaves(root))
-    subscripts = f"{terms}->{''.join(_LETTERS[i] for i in root.ids)}"
+    terms = ",".join("".join(LETTERS[i] for i in leaf.ids) for leaf in leaves(root))
+    subscripts = f"{terms}->{''.join(LETTERS[i] for i in root.ids)}"
     operands: list[int] = [leaf.leaf for leaf in leaves(root)]  # tensor keys, in list order
     key: dict[int, int] = {}  # id(node) -> tensor key
     path: list[list[int]] = []

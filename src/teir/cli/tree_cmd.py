@@ -83,18 +83,13 @@ def _evaluate(tree: Any, arrays: list[Any]) -> Any:
     """The tree evaluated node by node with numpy.einsum (the oracle)."""
     import numpy as np
 
+    from teir.tree.layout import einsum_text
     from teir.tree.nodes import Node
-
-    letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-
-    def text(ids: tuple[int, ...]) -> str:
-        return "".join(letters[i % len(letters)] for i in ids)
 
     def evaluate(node: Node) -> Any:
         if not node.children:
             return arrays[node.leaf]
         values = [evaluate(child) for child in node.children]
-        terms = ",".join(text(child.ids) for child in node.children)
-        return np.einsum(f"{terms}->{text(node.ids)}", *values, optimize=True)
+        return np.einsum(einsum_text(node), *values, optimize=True)
 
     return evaluate(tree.root)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from teir.frontend.einsum_parse import EinsumError, parse
-from teir.frontend.einsum_plan import Operand, Plan, make_plan, operand, sum_out
+from teir.frontend.einsum_plan import Operand, Plan, make_plan, operand, placeholder, sum_out
 from teir.kernels.arrays import data_address
 from teir.runtime.arguments import as_array
 from teir.runtime.pool import default_threads
@@ -193,15 +193,7 @@ def einsum(
     addresses = [data_address(a if isinstance(a, np.ndarray) else a.array) for a in inputs]
     if len(addresses) == 1:
         addresses.append(0)
-    size = dtype.itemsize
-    out_address = data_address(target)
-    for region in plan.regions:
-        o0, o1, oo = region.offsets
-        region.operation.run_addresses(
-            addresses[0] + o0 * size,
-            addresses[1] + o1 * size if addresses[1] else 0,
-            out_address + oo * size,
-        )
+    plan.run(addresses[0], addresses[1], data_address(target))
     if target is not result:
         if accumulate:
             result += target
@@ -306,14 +298,6 @@ def _multi_operand(
     return result
 
 
-def _c_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
-    strides, step = [], itemsize
-    for size in reversed(shape):
-        strides.append(step)
-        step *= size
-    return tuple(reversed(strides))
-
-
 class ContractExpression:
     """A compiled einsum for operands of fixed shapes (the opt_einsum convention)."""
 
@@ -345,14 +329,7 @@ class ContractExpression:
         else:  # compile the tree now, for C-contiguous operands (placeholders: never read)
             from teir.tree.from_einsum import compile_einsum
 
-            arrays = [
-                np.lib.stride_tricks.as_strided(
-                    np.empty(1, self.dtype),
-                    shape=shape,
-                    strides=_c_strides(shape, self.dtype.itemsize),
-                )
-                for shape in self.shapes
-            ]
+            arrays = [placeholder(shape, None, self.dtype) for shape in self.shapes]
             self.parsed = parse(subscripts, [len(shape) for shape in self.shapes])
             self.tree = compile_einsum(self.parsed, arrays, optimize, count, accumulate, relu)[0]
 

@@ -12,6 +12,7 @@ that overlaps an input is computed into a temporary and copied back.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
@@ -62,6 +63,20 @@ def operand(array: np.ndarray, labels: tuple[str, ...], index: int) -> Operand:
             merged[label] = stride
             order.append(label)
     return Operand(array, order, sizes, merged)
+
+
+def placeholder(shape: Sequence[int], strides: Sequence[int] | None, dtype: Any) -> Any:
+    """An array of this shape and these element strides (C order when None) whose memory is
+    never read: planning looks at shapes and strides only."""
+    dtype = np.dtype(dtype)
+    if strides is None:
+        strides, step = [], 1
+        for size in reversed(shape):
+            strides.insert(0, step)
+            step *= size
+    return np.lib.stride_tricks.as_strided(
+        np.empty(1, dtype), shape=tuple(shape), strides=tuple(s * dtype.itemsize for s in strides)
+    )
 
 
 def label_sizes(operands: list[Operand], output: tuple[str, ...]) -> dict[str, int]:
@@ -127,6 +142,15 @@ class Plan:
     # The operation in pieces: output axes with no good block size are split into a part
     # that tiles well and a thin rest (partial tiles, run as a second operation).
     regions: list[Region] = field(default_factory=list)
+
+    def run(self, in0: int, in1: int, out: int) -> None:
+        """Run every region on raw addresses (``in1`` 0 for a unary plan)."""
+        size = self.dtype.itemsize
+        for region in self.regions:
+            o0, o1, oo = region.offsets
+            region.operation.run_addresses(
+                in0 + o0 * size, in1 + o1 * size if in1 else 0, out + oo * size
+            )
 
     def explain(self) -> str:
         lines = [

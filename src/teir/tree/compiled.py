@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from teir.frontend.einsum_plan import Plan, make_plan
+from teir.frontend.einsum_plan import Plan, make_plan, placeholder
 from teir.kernels.arrays import data_address
 from teir.runtime.arguments import as_array
-from teir.tree.layout import lonely_ids, row_major_strides, subscripts
+from teir.tree.layout import einsum_text, lonely_ids, row_major_strides, subscripts
 from teir.tree.memory import Arena, Lifetime, plan_arena
-from teir.tree.nodes import Node, NodeKind, post_order, to_string, total_flops
+from teir.tree.nodes import Node, NodeKind, leaves, post_order, to_string, total_flops
 from teir.tree.parse import TreeError
 
 LEAF, BUFFER, RESULT = "leaf", "buffer", "result"
@@ -48,30 +48,6 @@ def _mib(nbytes: int) -> str:
     return f"{nbytes / 2**20:.2f} MiB"
 
 
-def _placeholder(shape: Sequence[int], strides: Sequence[int], dtype: np.dtype[Any]) -> Any:
-    """An array with this layout whose memory is never read (plans look at strides only)."""
-    return np.lib.stride_tricks.as_strided(
-        np.empty(1, dtype), shape=tuple(shape), strides=tuple(s * dtype.itemsize for s in strides)
-    )
-
-
-def _letters(node: Node) -> str:
-    """The node as einsum subscripts in ASCII letters (for teir.einsum)."""
-    names: dict[int, str] = {}
-    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-
-    def text(ids: Sequence[int]) -> str:
-        for i in ids:
-            if i not in names:
-                if len(names) == len(alphabet):
-                    raise TreeError("a node with more than 52 distinct ids")
-                names[i] = alphabet[len(names)]
-        return "".join(names[i] for i in ids)
-
-    inputs = ",".join(text(c.ids) for c in node.children)
-    return f"{inputs}->{text(node.ids)}"
-
-
 class CompiledTree:
     """An einsum tree ready to run: ``tree(*leaves, out=None)`` returns the root's tensor.
 
@@ -95,9 +71,7 @@ class CompiledTree:
         self.threads = threads
         self.accumulate = accumulate
         self.relu = relu
-        leaf_nodes = sorted(
-            (n for n in post_order(root) if n.kind is NodeKind.LEAF), key=lambda n: n.leaf
-        )
+        leaf_nodes = leaves(root)
         if [n.leaf for n in leaf_nodes] != list(range(len(leaf_nodes))):
             raise TreeError("the leaves of a tree must be numbered 0, 1, ... without gaps")
         self.leaf_ids = [n.ids for n in leaf_nodes]
@@ -151,10 +125,10 @@ class CompiledTree:
     def _view(self, node: Node, where: Slot) -> Any:
         shape = node.shape(self.sizes)
         if where.kind == LEAF:
-            return _placeholder(shape, self.leaf_strides[where.index], self.dtype)
+            return placeholder(shape, self.leaf_strides[where.index], self.dtype)
         strides = row_major_strides(node.ids, self.sizes)
         if where.kind == RESULT:
-            return _placeholder(shape, [strides[i] for i in node.ids], self.dtype)
+            return placeholder(shape, [strides[i] for i in node.ids], self.dtype)
         return self._buffer_view(node, where.index)
 
     def _buffer_view(self, node: Node, offset: int) -> np.ndarray:
@@ -181,14 +155,14 @@ class CompiledTree:
         return plan
 
     # ---- running -------------------------------------------------------------------------
-    def _leaves(self, leaves: Sequence[Any]) -> list[np.ndarray]:
-        if len(leaves) != len(self.leaf_shapes):
+    def _leaves(self, tensors: Sequence[Any]) -> list[np.ndarray]:
+        if len(tensors) != len(self.leaf_shapes):
             raise TreeError(
-                f"the tree has {len(self.leaf_shapes)} leaves but {len(leaves)} tensors were "
+                f"the tree has {len(self.leaf_shapes)} leaves but {len(tensors)} tensors were "
                 "given (one per leaf, in the order the leaves appear in the tree string)"
             )
         arrays = []
-        for index, value in enumerate(leaves):
+        for index, value in enumerate(tensors):
             array = value if isinstance(value, np.ndarray) else as_array(f"leaf {index}", value)
             shape = self.leaf_shapes[index]
             if array.shape != shape:
@@ -253,7 +227,6 @@ class CompiledTree:
             return
         leaf_addresses = [data_address(a) for a in arrays]
         result_address = data_address(result)
-        size = self.dtype.itemsize
 
         def address(where: Slot) -> int:
             if where.kind == LEAF:
@@ -267,14 +240,8 @@ class CompiledTree:
                 if step.plan is None:
                     self._run_einsum(step, arrays, result)
                     continue
-                a0 = address(step.inputs[0])
                 a1 = address(step.inputs[1]) if len(step.inputs) == 2 else 0
-                c = address(step.output)
-                for region in step.plan.regions:
-                    o0, o1, oo = region.offsets
-                    region.operation.run_addresses(
-                        a0 + o0 * size, a1 + o1 * size if a1 else 0, c + oo * size
-                    )
+                step.plan.run(address(step.inputs[0]), a1, address(step.output))
 
     def _run_einsum(self, step: Step, arrays: list[np.ndarray], result: np.ndarray) -> None:
         from teir.frontend.einsum import einsum
@@ -288,7 +255,7 @@ class CompiledTree:
 
         root = step.output.kind == RESULT
         einsum(
-            _letters(step.node),
+            einsum_text(step.node),
             *(array(c, s) for c, s in zip(step.node.children, step.inputs)),
             out=array(step.node, step.output),
             threads=self.threads,

@@ -49,7 +49,8 @@ def prepare(
     for lab in parsed.output:
         ids.setdefault(lab, len(ids))
     sizes = [label_size[lab] for lab in ids]
-    views, leaf_ids = [], []
+    views: list[np.ndarray] = []
+    leaf_ids: list[tuple[int, ...]] = []
     for op in operands:
         # a size-1 dimension of a larger label broadcasts: the operand does not vary along it
         kept = [lab for lab in op.labels if op.sizes[lab] == label_size[lab]]

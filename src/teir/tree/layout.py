@@ -29,6 +29,26 @@ def row_major_strides(ids: Sequence[int], sizes: Sequence[int]) -> dict[int, int
     return strides
 
 
+LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def einsum_text(node: Node) -> str:
+    """The node (its children's ids ``->`` its ids) as einsum subscripts in ASCII letters,
+    for teir.einsum and NumPy: ids named by letters in order of appearance."""
+    names: dict[int, str] = {}
+
+    def text(ids: Sequence[int]) -> str:
+        for i in ids:
+            if i not in names:
+                if len(names) == len(LETTERS):
+                    raise ValueError(f"more than {len(LETTERS)} distinct ids in one einsum")
+                names[i] = LETTERS[len(names)]
+        return "".join(names[i] for i in ids)
+
+    inputs = ",".join(text(c.ids) for c in node.children)
+    return f"{inputs}->{text(node.ids)}"
+
+
 def subscripts(node: Node) -> Subscripts:
     return Subscripts(
         tuple(tuple(label(i) for i in child.ids) for child in node.children),
@@ -93,4 +113,12 @@ def roles(node: Node) -> dict[str, list[int]]:
     }
 
 
-__all__ = ["label", "lonely_ids", "node_fields", "roles", "row_major_strides", "subscripts"]
+__all__ = [
+    "einsum_text",
+    "label",
+    "lonely_ids",
+    "node_fields",
+    "roles",
+    "row_major_strides",
+    "subscripts",
+]
