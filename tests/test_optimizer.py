@@ -109,3 +109,42 @@ def test_awkward_sizes_keep_kernels():
         }
         config = teir.optimize(data, threads=2)
         assert "generic" not in teir.compile(config, threads=2).explain()
+
+
+def _prim_sizes(config: teir.Config) -> dict[str, int]:
+    return {
+        t.value: s
+        for t, e, s in zip(config.dim_types, config.exec_types, config.dim_sizes)
+        if e is teir.ExecType.PRIM and t is not teir.DimType.K
+    }
+
+
+def test_store_bound_contraction_tiles_are_long_output_rows():
+    """With K of size 1 (an outer product) the tile is a long run of the output's unit-stride
+    axis times a few columns, not a cache-sized square."""
+    data = {
+        "data_type": "FP32",
+        "prim_main": "GEMM",
+        "dim_types": ["M", "N", "K"],
+        "exec_types": ["seq"] * 3,
+        "dim_sizes": [2048, 2048, 1],
+        "strides_in0": [1, 0, 1],
+        "strides_in1": [0, 1, 1],
+        "strides_out": [2048, 1, 0],
+    }
+    sizes = _prim_sizes(teir.optimize(data, threads=2))
+    assert sizes["N"] >= 1024 and sizes["M"] <= 8
+    data["dim_sizes"] = [2048, 2048, 512]
+    data["strides_in0"] = [512, 0, 1]
+    data["strides_in1"] = [0, 1, 2048]
+    sizes = _prim_sizes(teir.optimize(data, threads=2))
+    assert sizes["M"] > 8  # compute-bound: cache-sized tiles
+
+
+def test_equal_tiles_prefer_compact_strides():
+    """abcd,dbef->acef: a and c are both M axes of size 32; c's rows are 32 elements apart in
+    in0, a's 32768 (a multiple of 4 KiB, so all in one cache set): the kernel takes c."""
+    expression = teir.contract_expression(
+        "abcd,dbef->acef", (32, 32, 32, 32), (32, 32, 32, 32), dtype=np.float32
+    )
+    assert "brgemm_f32_64x32x32_b32_nn_32768_32_1024" in expression.explain()

@@ -4,6 +4,7 @@ tile always maps to a kernel when any choice does."""
 
 from __future__ import annotations
 
+import math
 from itertools import product
 from math import prod
 
@@ -18,6 +19,12 @@ from teir.optimizer.simplify import block_size, divisors, split
 PRIM = ExecType.PRIM
 # Target block sizes (rows of C, columns of C, K) per element size, measured on Zen 4.
 BLOCK_TARGETS = {4: (80, 160, 64), 8: (80, 160, 64)}
+# A contraction whose K sizes multiply to at most this is bound by writing C: its tiles are
+# long runs of C's unit-stride dimension times a few columns, because C written as a few
+# streams goes at the store bandwidth while many short columns a power of two apart compete
+# for the same cache sets (outer product i,j->ij at 2048: 84 GB/s against 33 GB/s).
+MEMORY_BOUND_K = 8
+STREAM_TARGETS = (2048, 8)
 
 
 def _dummy(dim_type: DimType) -> Axis:
@@ -40,6 +47,19 @@ def _tile_quality(problem: Problem, m: Axis, n: Axis, k: Axis) -> tuple[int, int
     return form_rank, int(op.spec.trans_a) + int(op.spec.trans_b)
 
 
+def _spread(m: Axis, n: Axis, k: Axis) -> float:
+    """Sum of log2 of the strides along which the kernel steps through its three tiles."""
+    strides = (
+        m.stride(Tensor.IN0),
+        m.stride(Tensor.OUT),
+        n.stride(Tensor.IN1),
+        n.stride(Tensor.OUT),
+        k.stride(Tensor.IN0),
+        k.stride(Tensor.IN1),
+    )
+    return sum(math.log2(abs(s)) for s in strides if s)
+
+
 def _gemm(primitives: Primitives) -> Primitives:
     return Primitives(primitives.data_type, PrimFirst.NONE, PrimMain.GEMM, PrimLast.NONE)
 
@@ -56,8 +76,10 @@ def contraction(problem: Problem, threads: int = 1) -> tuple[Problem, str]:
         quality = _tile_quality(problem, m, n, k)
         if quality is None:
             continue
-        # Prefer kernel layouts, then big tiles (log-size product), then unit output stride.
-        key = (quality, -(m.size * n.size * k.size))
+        # Prefer kernel layouts, then big tiles, then compact ones: the smaller the strides
+        # between a tile's rows, the fewer of them share a cache set (rows a multiple of
+        # 4 KiB apart all land in one set).
+        key = (quality, -(m.size * n.size * k.size), _spread(m, n, k))
         if best is None or key < best[0]:
             best = (key, m, n, k)
     if best is None:
@@ -74,8 +96,12 @@ def contraction(problem: Problem, threads: int = 1) -> tuple[Problem, str]:
     out_unit = m.stride(Tensor.OUT) == 1 or n.stride(Tensor.OUT) != 1
     row, column = (m, n) if out_unit else (n, m)
     targets = BLOCK_TARGETS[itemsize]
-    row_block = block_size(row.size, targets[0], 16, 4 * targets[0], lanes)
-    column_block = block_size(column.size, targets[1], 8, 2 * targets[1], 4)
+    if prod(a.size for a in axes if a.dim_type is DimType.K) <= MEMORY_BOUND_K:
+        row_block = block_size(row.size, STREAM_TARGETS[0], 16, 2 * STREAM_TARGETS[0], lanes)
+        column_block = block_size(column.size, STREAM_TARGETS[1], 4, STREAM_TARGETS[1], 4)
+    else:
+        row_block = block_size(row.size, targets[0], 16, 4 * targets[0], lanes)
+        column_block = block_size(column.size, targets[1], 8, 2 * targets[1], 4)
     k_block = block_size(k.size, targets[2], 16, 4 * targets[2], 4)
     rest = [a for a in axes if a is not m and a is not n and a is not k]
     # Enough output tiles for every thread: smaller blocks when the whole output is one tile.
