@@ -353,3 +353,46 @@ def test_generated_einsums_into_out_views(case, layout, accumulate, relu, seed):
         expected = np.maximum(expected, 0)
     tolerance = 1e-4 if dtype == np.float32 else 1e-11
     np.testing.assert_allclose(out, expected, rtol=tolerance, atol=tolerance)
+
+
+ELEMENTWISE = [
+    ("ij,j->ij", {"i": 37, "j": 1000}),
+    ("ij,ij->ij", {"i": 19, "j": 67}),
+    ("bij,bj->bij", {"b": 5, "i": 7, "j": 130}),
+    ("ijk,ik->ijk", {"i": 3, "j": 9, "k": 33}),
+    ("i,i->i", {"i": 1001}),
+    ("ji,j->ij", {"i": 45, "j": 17}),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("subscripts", "sizes"), ELEMENTWISE)
+def test_elementwise_products(subscripts, sizes, dtype):
+    """Products without summation whose output's unit stride is on a C axis run as loops
+    around a one-element kernel; overwrite, accumulate, ReLU and strided views all hold."""
+    rng = np.random.default_rng(7)
+    inputs = subscripts.split("->")[0].split(",")
+    arrays = [rng.standard_normal([sizes[c] for c in op]).astype(dtype) for op in inputs]
+    expected = np.einsum(subscripts, *arrays)
+    # atol: accumulating rounds once (a fused multiply-add), NumPy twice
+    tolerance = (
+        {"rtol": 1e-5, "atol": 1e-6} if dtype == np.float32 else {"rtol": 1e-12, "atol": 1e-14}
+    )
+    np.testing.assert_allclose(teir.einsum(subscripts, *arrays), expected, **tolerance)
+    np.testing.assert_allclose(
+        teir.einsum(subscripts, *arrays, relu=True), np.maximum(expected, 0), **tolerance
+    )
+    out = rng.standard_normal(expected.shape).astype(dtype)
+    start = out.copy()
+    teir.einsum(subscripts, *arrays, out=out, accumulate=True)
+    np.testing.assert_allclose(out, start + expected, **tolerance)
+    views = [np.flip(a, axis=-1)[..., ::1] if a.ndim > 1 else a[::-1] for a in arrays]
+    wide = [np.repeat(v, 2, axis=-1)[..., ::2] for v in views]  # non-contiguous strides
+    np.testing.assert_allclose(
+        teir.einsum(subscripts, *wide), np.einsum(subscripts, *wide), **tolerance
+    )
+
+
+def test_elementwise_product_loops_over_the_unit_stride_axis():
+    expression = teir.contract_expression("ij,j->ij", (64, 512), (512,), dtype=np.float32)
+    assert "GEMM on one element" in expression.explain()

@@ -727,9 +727,40 @@ def brgemm_function(
     are function attributes such as ``noinline``.
     """
     blocking = blocking or choose_blocking(spec, target)
+    if spec.m == spec.n == spec.k == spec.batch == 1:
+        _scalar_function(spec, module, name, linkage, attributes)
+        return blocking
     emitter = _Emitter(spec, blocking, module, name, linkage, attributes)
     emitter.emit()
     return blocking
+
+
+def _scalar_function(
+    spec: BrgemmSpec, module: Module, name: str, linkage: str, attributes: str
+) -> None:
+    """The one-element kernel ``C = A * B`` (``C += A * B`` with beta 1) in scalar code: a loop
+    nest around it (an elementwise product) is then plain scalar code that LLVM's loop
+    vectorizer widens, which it does not do for a loop around one-lane masked vectors."""
+    t = scalar_type(spec.itemsize)
+    f = FunctionBuilder(
+        module,
+        f"define {linkage} void @{name}(ptr noalias readonly %A, ptr noalias readonly %B, "
+        f"ptr noalias %C) nounwind {attributes}",
+    )
+    a = f.assign(f"load {t}, ptr %A, align {spec.itemsize}", "a")
+    b = f.assign(f"load {t}, ptr %B, align {spec.itemsize}", "b")
+    if spec.beta:
+        module.declare(
+            f"fmuladd.{t}", f"declare {t} @llvm.fmuladd.{type_suffix(spec.itemsize)}({t}, {t}, {t})"
+        )
+        c = f.assign(f"load {t}, ptr %C, align {spec.itemsize}", "c")
+        value = f.assign(
+            f"call {t} @llvm.fmuladd.{type_suffix(spec.itemsize)}({t} {a}, {t} {b}, {t} {c})", "v"
+        )
+    else:
+        value = f.assign(f"fmul {t} {a}, {b}", "v")
+    f.emit(f"store {t} {value}, ptr %C, align {spec.itemsize}")
+    f.finish()
 
 
 def _parts(total: int, step: int) -> list[tuple[int, int, int]]:

@@ -64,8 +64,35 @@ def _gemm(primitives: Primitives) -> Primitives:
     return Primitives(primitives.data_type, PrimFirst.NONE, PrimMain.GEMM, PrimLast.NONE)
 
 
+def _elementwise(problem: Problem) -> tuple[Problem, str] | None:
+    """A product without summation whose output has its unit stride on a C axis (``ij,j->ij``,
+    ``bij,bj->bij``): no kernel tile can run along that axis, so the kernel shrinks to one
+    element and every axis becomes a loop, the unit-stride C axis innermost, where the compiled
+    nest vectorizes it (ij,j->ij at 1024^2: 3.6 -> 0.1 ms)."""
+    axes = problem.axes
+    if any(a.dim_type is DimType.K and a.size > 1 for a in axes):
+        return None
+    unit = [a for a in axes if a.stride(Tensor.OUT) == 1 and a.size > 1]
+    if not unit or unit[0].dim_type is not DimType.C:
+        return None
+    loops = [a.with_exec(ExecType.SEQ) for a in axes if a.size > 1]
+    prims = [_dummy(t).with_exec(PRIM) for t in (DimType.M, DimType.N, DimType.K)]
+    primitives = Primitives(
+        problem.primitives.data_type,
+        problem.primitives.prim_first,
+        PrimMain.GEMM,
+        problem.primitives.prim_last,
+    )
+    return Problem(primitives, tuple(loops + prims)), (
+        "GEMM on one element: the output's unit stride is on a C axis, which loops innermost"
+    )
+
+
 def contraction(problem: Problem, threads: int = 1) -> tuple[Problem, str]:
     """Choose the kernel's M, N, K (and batch-reduce) axes and block sizes for a contraction."""
+    elementwise = _elementwise(problem)
+    if elementwise is not None:
+        return elementwise
     axes = list(problem.axes)
     for needed in (DimType.M, DimType.N, DimType.K):
         if not any(a.dim_type is needed for a in axes):
