@@ -5,6 +5,7 @@ tile always maps to a kernel when any choice does."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from itertools import product
 from math import prod
 
@@ -77,12 +78,7 @@ def _elementwise(problem: Problem) -> tuple[Problem, str] | None:
         return None
     loops = [a.with_exec(ExecType.SEQ) for a in axes if a.size > 1]
     prims = [_dummy(t).with_exec(PRIM) for t in (DimType.M, DimType.N, DimType.K)]
-    primitives = Primitives(
-        problem.primitives.data_type,
-        problem.primitives.prim_first,
-        PrimMain.GEMM,
-        problem.primitives.prim_last,
-    )
+    primitives = replace(problem.primitives, prim_main=PrimMain.GEMM)
     return Problem(primitives, tuple(loops + prims)), (
         "GEMM on one element: the output's unit stride is on a C axis, which loops innermost"
     )
@@ -171,12 +167,7 @@ def contraction(problem: Problem, threads: int = 1) -> tuple[Problem, str]:
         prims.append(batch.with_exec(PRIM))
     prims.append(gemm_k.with_exec(PRIM))
     main = PrimMain.BRGEMM if batch is not None else PrimMain.GEMM
-    primitives = Primitives(
-        problem.primitives.data_type,
-        problem.primitives.prim_first,
-        main,
-        problem.primitives.prim_last,
-    )
+    primitives = replace(problem.primitives, prim_main=main)
     result = Problem(primitives, tuple(loops + [a.with_exec(ExecType.SEQ) for a in rest] + prims))
     text = (
         f"{main.value} on M {parts[id(m)].size} (of {m.size}), N {parts[id(n)].size} "
