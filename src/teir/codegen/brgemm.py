@@ -187,11 +187,7 @@ class _Emitter:
         self.buffer: str | None = None
         # Vectors in the 64-byte aligned packing buffer start at multiples of their own size.
         self.vector_align = min(64, blocking.lanes * spec.itemsize)
-        header = (
-            f"define {linkage} void @{name}(ptr noalias readonly %A, ptr noalias readonly "
-            f"%B, ptr noalias %C) nounwind {attributes}"
-        )
-        self.f = FunctionBuilder(module, header)
+        self.f = FunctionBuilder(module, _kernel_header(name, linkage, attributes))
 
     # ---- memory helpers -------------------------------------------------------------------
     def load_vector(self, base: str, offset: str | int, active: int) -> str:
@@ -735,6 +731,14 @@ def brgemm_function(
     return blocking
 
 
+def _kernel_header(name: str, linkage: str, attributes: str) -> str:
+    """The signature every BRGEMM kernel shares: ``void name(ptr A, ptr B, ptr C)``."""
+    return (
+        f"define {linkage} void @{name}(ptr noalias readonly %A, ptr noalias readonly %B, "
+        f"ptr noalias %C) nounwind {attributes}"
+    )
+
+
 def _scalar_function(
     spec: BrgemmSpec, module: Module, name: str, linkage: str, attributes: str
 ) -> None:
@@ -742,21 +746,14 @@ def _scalar_function(
     nest around it (an elementwise product) is then plain scalar code that LLVM's loop
     vectorizer widens, which it does not do for a loop around one-lane masked vectors."""
     t = scalar_type(spec.itemsize)
-    f = FunctionBuilder(
-        module,
-        f"define {linkage} void @{name}(ptr noalias readonly %A, ptr noalias readonly %B, "
-        f"ptr noalias %C) nounwind {attributes}",
-    )
+    f = FunctionBuilder(module, _kernel_header(name, linkage, attributes))
     a = f.assign(f"load {t}, ptr %A, align {spec.itemsize}", "a")
     b = f.assign(f"load {t}, ptr %B, align {spec.itemsize}", "b")
     if spec.beta:
-        module.declare(
-            f"fmuladd.{t}", f"declare {t} @llvm.fmuladd.{type_suffix(spec.itemsize)}({t}, {t}, {t})"
-        )
+        fma = f"@llvm.fmuladd.{type_suffix(spec.itemsize)}"
+        module.declare(f"fmuladd.{t}", f"declare {t} {fma}({t}, {t}, {t})")
         c = f.assign(f"load {t}, ptr %C, align {spec.itemsize}", "c")
-        value = f.assign(
-            f"call {t} @llvm.fmuladd.{type_suffix(spec.itemsize)}({t} {a}, {t} {b}, {t} {c})", "v"
-        )
+        value = f.assign(f"call {t} {fma}({t} {a}, {t} {b}, {t} {c})", "v")
     else:
         value = f.assign(f"fmul {t} {a}, {b}", "v")
     f.emit(f"store {t} {value}, ptr %C, align {spec.itemsize}")
