@@ -58,9 +58,16 @@ class Guarded:
         return self.full.ctypes.data + PAD * self.full.itemsize
 
 
-def guarded(values: np.ndarray, used: np.ndarray, canary: float) -> Guarded:
-    """A guarded buffer holding ``values`` where ``used`` and ``canary`` elsewhere."""
+def guarded(
+    values: np.ndarray, used: np.ndarray, canary: float, shift: int | None = None
+) -> Guarded:
+    """A guarded buffer holding ``values`` where ``used`` and ``canary`` elsewhere; with
+    ``shift``, its data start ``shift`` elements past a 64-byte boundary."""
     full = np.full(values.size + 2 * PAD, canary, dtype=values.dtype)
+    if shift is not None:
+        room = np.full(full.size + 64, canary, dtype=values.dtype)
+        start = ((-(room.ctypes.data + PAD * room.itemsize)) % 64) // room.itemsize + shift
+        full = room[start : start + full.size]
     inner = full[PAD : PAD + values.size]
     inner[used] = values[used]
     return Guarded(full, values.size)
@@ -136,18 +143,25 @@ def run_brgemm(spec: BrgemmSpec, function, seed: int) -> None:
     assert np.array_equal(c.full[outside], before[outside]), f"{spec}: wrote outside the tile"
 
 
-def run_unary(spec: UnarySpec, function, seed: int) -> None:
+def run_unary(
+    spec: UnarySpec, function, seed: int, shifts: tuple[int | None, int | None] = (None, None)
+) -> None:
+    """Run a unary kernel on guarded buffers (A and B ``shifts`` elements past a 64-byte
+    boundary where given) and check it."""
     dtype = np.float32 if spec.dtype == "f32" else np.float64
     rng = np.random.default_rng(seed)
     eb = spec.extent_b()
     used_b = matrix_mask(eb, spec.m, spec.n, spec.ldb)
-    b = guarded(rng.uniform(-1, 1, eb).astype(dtype), used_b, 7.25)
+    b = guarded(rng.uniform(-1, 1, eb).astype(dtype), used_b, 7.25, shifts[1])
     before = b.full.copy()
     if spec.reads_a:
         ea = spec.extent_a()
         rows, cols = (spec.n, spec.m) if spec.trans_a else (spec.m, spec.n)
         a = guarded(
-            rng.uniform(-1, 1, ea).astype(dtype), matrix_mask(ea, rows, cols, spec.lda), np.nan
+            rng.uniform(-1, 1, ea).astype(dtype),
+            matrix_mask(ea, rows, cols, spec.lda),
+            np.nan,
+            shifts[0],
         )
         source = (
             view(a.data, 0, spec.m, spec.n, spec.lda, 1)

@@ -233,6 +233,40 @@ def test_unary_large_sizes():
         run_unary(spec, function, seed)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_transposed_copy_at_every_alignment(dtype):
+    """The transposed kernel shifts its block grid by the arrays' run-time alignment and may
+    visit blocks along diagonals; every alignment of A and B must give the same result."""
+    lanes = HOST.lanes(4 if dtype == "f32" else 8)
+    shapes = [
+        (2 * lanes, 2 * lanes, 2 * lanes, 2 * lanes),
+        (2 * lanes + 3, 3 * lanes - 1, 4 * lanes, 3 * lanes),
+        (5 * lanes + 1, 2 * lanes + 7, 3 * lanes + 1, 6 * lanes),  # lda breaks the alignment
+        (8 * lanes + 5, 9 * lanes + 7, 10 * lanes, 9 * lanes),  # shifted, plain order
+        (9 * lanes + 5, 10 * lanes + 3, 4096 // (4 if dtype == "f32" else 8), 16 * lanes),
+        (
+            8 * lanes,
+            8 * lanes,
+            2048 // (4 if dtype == "f32" else 8),
+            2048 // (4 if dtype == "f32" else 8),
+        ),
+    ]
+    specs, shifts = [], []
+    for m, n, lda, ldb in shapes:
+        for op in (UnaryOp.COPY, UnaryOp.RELU):
+            for shift_a, shift_b in (
+                (0, 0),
+                (1, lanes - 1),
+                (lanes // 2, 0),
+                (0, 3),
+                (lanes - 1, 1),
+            ):
+                specs.append(UnarySpec(dtype, op, m, n, lda=lda, ldb=ldb, trans_a=True))
+                shifts.append((shift_a, shift_b))
+    for seed, (spec, function, shift) in enumerate(zip(specs, compile_many(specs, HOST), shifts)):
+        run_unary(spec, function, seed, shift)
+
+
 # ---- the public API -----------------------------------------------------------------------
 
 

@@ -39,7 +39,9 @@ class Module:
     functions: list[str] = field(default_factory=list)
 
     def declare(self, name: str, text: str) -> str:
-        self.declarations.setdefault(name, text)
+        """Declare once: generators may share a module and name the same intrinsic."""
+        if text not in self.declarations.values():
+            self.declarations.setdefault(name, text)
         return name
 
     def text(self) -> str:

@@ -2,9 +2,8 @@
 ``B := op(A^T)`` and the in-place ``B := max(B, 0)``.
 
 Columns are swept with unrolled vector loads and stores and a masked tail; when the leading
-dimensions equal the column height the matrix is one long column. The transposed form moves
-square blocks of one vector register's width through registers, transposing them with a
-butterfly of shuffles (log2(lanes) stages), with masked loads and stores at the edges.
+dimensions equal the column height the matrix is one long column. The transposed form
+(``transpose.py``) moves square blocks of one vector register's width through registers.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from teir.codegen.irtext import (
 from teir.codegen.shuffles import transpose_vectors
 from teir.codegen.specs import UnaryOp, UnarySpec
 from teir.codegen.target import Target
+from teir.codegen.transpose import emit_transposed
 
 COLUMN_UNROLL = 4
 
@@ -138,58 +138,20 @@ class _UnaryEmitter:
     def transpose(self, rows: list[str]) -> list[str]:
         return transpose_vectors(self.f, rows, self.lanes, self.spec.itemsize)
 
-    def emit_transposed(self) -> None:
+    def constant_edge_block(self, i0: str | int, j0: str | int, rows_i: int, cols_j: int) -> None:
+        """B[i0 : i0+rows_i, j0 : j0+cols_j] := op(A^T) of it, with compile-time extents."""
         spec, f, lanes = self.spec, self.f, self.lanes
-        # B (m x n) element (i, j) = A (n x m) element (j, i) at j + i * lda.
-        i_full, i_rest = divmod(spec.m, lanes)
-        j_full, j_rest = divmod(spec.n, lanes)
-
-        def block(i0: str | int, j0: str | int, rows_i: int, cols_j: int) -> None:
-            vectors = []
-            for ii in range(lanes):
-                if ii < rows_i:
-                    offset = f.add_i64(j0, f.mul_i64(f.add_i64(i0, ii), spec.lda))
-                    vectors.append(self.load("%A", offset, cols_j))
-                else:
-                    vectors.append("zeroinitializer")
-            columns = self.transpose(vectors)
-            for jj in range(cols_j):
-                value = self.apply(columns[jj])
-                self.store(
-                    value, "%B", f.add_i64(i0, f.mul_i64(f.add_i64(j0, jj), spec.ldb)), rows_i
-                )
-
-        # Blocks of B's columns (j) outside, down the rows (i) inside: B is written as
-        # `lanes` sequential streams and A read as one strided stream.
-        for j_count, cols_j, j_start in (
-            (j_full, lanes, 0),
-            (1 if j_rest else 0, j_rest, j_full * lanes),
-        ):
-            if not j_count:
-                continue
-
-            def j_body(
-                jb: str, _: list[str], cols_j: int = cols_j, j_start: int = j_start
-            ) -> list[str]:
-                j0 = f.add_i64(j_start, f.mul_i64(jb, lanes))
-                for i_count, rows_i, i_start in (
-                    (i_full, lanes, 0),
-                    (1 if i_rest else 0, i_rest, i_full * lanes),
-                ):
-                    if not i_count:
-                        continue
-
-                    def i_body(
-                        ib: str, _: list[str], rows_i: int = rows_i, i_start: int = i_start
-                    ) -> list[str]:
-                        block(f.add_i64(i_start, f.mul_i64(ib, lanes)), j0, rows_i, cols_j)
-                        return []
-
-                    f.loop(i_count, [], i_body, "ib")
-                return []
-
-            f.loop(j_count, [], j_body, "jb")
-        f.finish()
+        vectors = []
+        for ii in range(lanes):
+            if ii < rows_i:
+                offset = f.add_i64(j0, f.mul_i64(f.add_i64(i0, ii), spec.lda))
+                vectors.append(self.load("%A", offset, cols_j))
+            else:
+                vectors.append("zeroinitializer")
+        columns = self.transpose(vectors)
+        for jj in range(cols_j):
+            value = self.apply(columns[jj])
+            self.store(value, "%B", f.add_i64(i0, f.mul_i64(f.add_i64(j0, jj), spec.ldb)), rows_i)
 
 
 def unary_function(
@@ -205,6 +167,7 @@ def unary_function(
     Zero and the in-place ReLU)."""
     emitter = _UnaryEmitter(spec, target, module, name, linkage, attributes, lanes)
     if spec.trans_a:
-        emitter.emit_transposed()
+        emit_transposed(emitter)
+        emitter.f.finish()
     else:
         emitter.emit_columns()

@@ -1,0 +1,236 @@
+"""The transposed unary kernel ``B := op(A^T)``: square register blocks of one vector's width,
+transposed by a butterfly of shuffles, placed and ordered for the memory system.
+
+Two things decide its speed more than the shuffles do (measured on Zen 4, 512² FP64 in L3):
+
+- **Cache-line splits.** A block's rows are vectors of A, its columns vectors of B. When the
+  arrays are not vector-aligned (NumPy gives 16-byte alignment), every vector straddles two
+  lines and the other half is needed again only a whole strip later, long evicted: 128² FP64
+  ran at 56 % of the copy bandwidth misaligned and 97 % aligned. The block grid is therefore
+  shifted at run time so that A's rows start on a vector boundary in j and B's columns in i
+  (where the leading dimensions keep that alignment for every row and column).
+- **L1 set conflicts.** When a block's rows lie a multiple of 2-4 KiB apart, all of them, and
+  those of the next blocks down the strip, map to one 8-way L1 set, and the hardware stride
+  prefetcher evicts lines before they are read (512² FP64: 47 % of the copy bandwidth). Then
+  the blocks are visited in tiles of T x T blocks along diagonals, so that consecutive blocks
+  differ in both their A and their B lines' sets (512² FP64: 81 %). Without conflicts the plain
+  order (down B's columns, A read as one strided stream) is faster, so it stays the default.
+
+Edges need no masks: along a dimension of at least one vector, the first and last blocks are
+full blocks moved inwards to the bounds (``clamp(offset + k * lanes, 0, extent - lanes)``),
+overlapping their neighbours. Writing an element of B twice with the same value is harmless
+(A and B never overlap), and every block runs the same unmasked code: masked edge blocks cost
+as much compile time as the rest of the kernel, and a masked access with an empty mask past
+the arrays' end costs a microcode assist (512² FP32: 67 % -> 27 % of the copy bandwidth).
+Only a dimension shorter than a vector uses compile-time masks.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from teir.codegen.unary import _UnaryEmitter
+
+LINE_BYTES = 64
+L1_SETS = 64
+L1_WAYS = 8
+# tile edge (in blocks) of the diagonal order; 4-8 measured alike, 2 too small to spread sets
+DIAGONAL_TILE = 8
+# the least blocks along a dimension for which the grid is shifted to the arrays' alignment:
+# each shift adds a block per row or column of blocks (FP32 64²: 51 % unshifted, 35 % shifted;
+# 128²: 64 % -> 78 %)
+SHIFT_BLOCKS = 8
+
+Size = str | int
+
+
+def set_crowding(stride_bytes: int, count: int) -> int:
+    """The most of ``count`` cache lines ``stride_bytes`` apart that share one L1 set."""
+    sets = Counter((r * stride_bytes // LINE_BYTES) % L1_SETS for r in range(count))
+    return max(sets.values())
+
+
+def diagonal_tile(lda_bytes: int, blocks_i: int, blocks_j: int, lanes: int) -> int:
+    """Tile edge of the diagonal order, or 0 for the plain order: diagonals only pay when the
+    rows of two consecutive blocks of A crowd an L1 set (>= its ways)."""
+    if set_crowding(lda_bytes, 2 * lanes) < L1_WAYS:
+        return 0
+    tile = DIAGONAL_TILE
+    while tile > 1 and (blocks_i < tile or blocks_j < tile):
+        tile //= 2
+    return tile if tile >= 4 else 0
+
+
+@dataclass(frozen=True)
+class _Axis:
+    """The blocks of one dimension: ``count`` full blocks, block k starting at
+    ``clamp(offset + k * lanes, 0, extent - lanes)``, then a compile-time ``tail`` (a partial
+    block at ``count * lanes``) where the grid is not shifted."""
+
+    extent: int
+    offset: Size  # in (-lanes, 0]: minus the elements before the first aligned block
+    count: Size
+    tail: int
+    least_count: int  # the fewest full blocks any alignment gives (for compile-time choices)
+
+    @property
+    def tail_start(self) -> int:
+        return self.extent - self.tail  # a tail exists only where the grid is not shifted
+
+
+class _Transpose:
+    def __init__(self, emitter: _UnaryEmitter) -> None:
+        self.e = emitter
+        self.f = emitter.f
+        self.lanes = emitter.lanes
+        self.spec = emitter.spec
+        self.vector_bytes = self.lanes * self.spec.itemsize
+
+    # ---- loops and integers that fold compile-time values ------------------------------------
+    def for_range(self, count: Size, body: Callable[[str], None], hint: str) -> None:
+        """``for index in range(count)`` for a compile-time or run-time count."""
+        if isinstance(count, int):
+            if count >= 1:
+
+                def counted(index: str, _: list[str]) -> list[str]:
+                    body(index)
+                    return []
+
+                self.f.loop(count, [], counted, hint)
+            return
+        self.f.range_loop(0, count, body, hint)
+
+    def axis(self, extent: int, pointer: str, ld: int) -> _Axis:
+        """The blocks along one dimension, aligned to ``pointer``'s vector boundaries where that
+        pays and the leading dimension keeps every row (column) equally aligned."""
+        lanes, f, size = self.lanes, self.f, self.spec.itemsize
+        whole, tail = divmod(extent, lanes)
+        if whole < SHIFT_BLOCKS or (ld * size) % self.vector_bytes:
+            # a compile-time tail: overlapping it with the last block measured slower here
+            # (FP32 33 x 40: 44 % -> 28 % of the copy bandwidth)
+            return _Axis(extent, 0, whole, tail, whole)
+        address = f.assign(f"ptrtoint ptr {pointer} to i64", "a")
+        misaligned = f.assign(f"and i64 {address}, {self.vector_bytes - 1}", "a")
+        # the block after the first boundary starts at lanes - misaligned / size: one before it
+        offset = f.assign(f"lshr i64 {misaligned}, {size.bit_length() - 1}", "a")
+        offset = f.assign(f"sub i64 0, {offset}", "a")
+        count = f.assign(f"sub i64 {extent + lanes - 1}, {offset}", "a")
+        count = f.assign(f"lshr i64 {count}, {lanes.bit_length() - 1}", "a")
+        return _Axis(extent, offset, count, 0, whole)
+
+    def tiles(self, count: Size, tile: int) -> Size:
+        """``ceil(count / tile)`` for a power-of-two tile."""
+        if isinstance(count, int):
+            return -(-count // tile)
+        summed = self.f.assign(f"add i64 {count}, {tile - 1}", "i")
+        return self.f.assign(f"lshr i64 {summed}, {tile.bit_length() - 1}", "i")
+
+    def start(self, axis: _Axis, k: Size) -> Size:
+        f = self.f
+        position = f.add_i64(axis.offset, f.mul_i64(k, self.lanes))
+        if isinstance(axis.offset, int):
+            return position  # not shifted: full blocks only up to the tail
+        position = f.assign(f"call i64 @llvm.smax.i64(i64 {position}, i64 0)", "i")
+        return f.assign(
+            f"call i64 @llvm.smin.i64(i64 {position}, i64 {axis.extent - self.lanes})", "i"
+        )
+
+    # ---- blocks ---------------------------------------------------------------------------------
+    def block(self, i0: Size, j0: Size, rows: int, cols: int) -> None:
+        """B[i0 : i0+rows, j0 : j0+cols] := op(A^T) of it (``rows``, ``cols`` <= lanes)."""
+        e, f, spec, lanes = self.e, self.f, self.spec, self.lanes
+        if rows < lanes or cols < lanes:
+            e.constant_edge_block(i0, j0, rows, cols)
+            return
+        vectors = [
+            e.load("%A", f.add_i64(j0, f.mul_i64(f.add_i64(i0, ii), spec.lda)), lanes)
+            for ii in range(lanes)
+        ]
+        for jj, column in enumerate(e.transpose(vectors)):
+            offset = f.add_i64(i0, f.mul_i64(f.add_i64(j0, jj), spec.ldb))
+            e.store(e.apply(column), "%B", offset, lanes)
+
+    # ---- traversal ------------------------------------------------------------------------------
+    def emit(self) -> None:
+        spec, f = self.spec, self.f
+        self.e.module.declare("smax.i64", "declare i64 @llvm.smax.i64(i64, i64)")
+        self.e.module.declare("smin.i64", "declare i64 @llvm.smin.i64(i64, i64)")
+        rows = self.axis(spec.m, "%B", spec.ldb)
+        cols = self.axis(spec.n, "%A", spec.lda)
+
+        lanes = self.lanes
+
+        def at(ib: Size, jb: Size) -> None:
+            self.block(self.start(rows, ib), self.start(cols, jb), lanes, lanes)
+
+        # the compile-time tails: below the full blocks, right of them, and in the corner
+        def tails() -> None:
+            if rows.tail:
+                self.for_range(
+                    cols.count,
+                    lambda jb: self.block(rows.tail_start, self.start(cols, jb), rows.tail, lanes),
+                    "tj",
+                )
+            if cols.tail:
+                self.for_range(
+                    rows.count,
+                    lambda ib: self.block(self.start(rows, ib), cols.tail_start, lanes, cols.tail),
+                    "ti",
+                )
+            if rows.tail and cols.tail:
+                self.block(rows.tail_start, cols.tail_start, rows.tail, cols.tail)
+
+        tile = diagonal_tile(
+            spec.lda * spec.itemsize, rows.least_count, cols.least_count, self.lanes
+        )
+        if not tile:
+            # down B's columns: B written as `lanes` streams, A read as one strided stream
+            self.for_range(
+                cols.count,
+                lambda jb: self.for_range(rows.count, lambda ib: at(ib, jb), "ib"),
+                "jb",
+            )
+            tails()
+            return
+
+        # Tiles of up to tile x tile blocks (partial at the far edges), each visited along its
+        # wrapped diagonals: step t of diagonal s is block (t, (t + s) mod width). One loop
+        # nest for full and partial tiles keeps a single copy of the block's code.
+        def extent(blocks: Size, index: str) -> str:
+            left = f.assign(f"sub i64 {blocks}, {f.mul_i64(index, tile)}", "i")
+            return f.assign(f"call i64 @llvm.umin.i64(i64 {left}, i64 {tile})", "i")
+
+        self.e.module.declare("umin.i64", "declare i64 @llvm.umin.i64(i64, i64)")
+
+        def tile_column(tj: str) -> None:
+            width = extent(cols.count, tj)
+
+            def one_tile(ti: str) -> None:
+                height = extent(rows.count, ti)
+
+                def diagonal(s: str) -> None:
+                    def step(t: str) -> None:
+                        skewed = f.assign(f"add i64 {t}, {s}", "i")
+                        skewed = f.assign(f"urem i64 {skewed}, {width}", "i")
+                        at(
+                            f.add_i64(f.mul_i64(ti, tile), t),
+                            f.add_i64(f.mul_i64(tj, tile), skewed),
+                        )
+
+                    f.range_loop(0, height, step, "dt")
+
+                f.range_loop(0, width, diagonal, "ds")
+
+            self.for_range(self.tiles(rows.count, tile), one_tile, "ti")
+
+        self.for_range(self.tiles(cols.count, tile), tile_column, "tj")
+        tails()
+
+
+def emit_transposed(emitter: _UnaryEmitter) -> None:
+    """Emit the body of ``B := op(A^T)`` into the emitter's function (not finished)."""
+    _Transpose(emitter).emit()
