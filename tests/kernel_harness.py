@@ -19,8 +19,11 @@ PAD = 24  # canary elements before and after every buffer
 _names = itertools.count()
 
 
-def compile_many(specs: list, target: Target, blockings: list | None = None) -> list:
-    """Compile all kernels in one module; returns a ctypes function per spec."""
+def compile_many(
+    specs: list, target: Target, blockings: list | None = None, lanes: int | None = None
+) -> list:
+    """Compile all kernels in one module (unary ones ``lanes`` wide where given, else as
+    the generator chooses); returns a ctypes function per spec."""
     module = Module()
     prefix = f"harness{next(_names)}_"
     names = []
@@ -31,7 +34,7 @@ def compile_many(specs: list, target: Target, blockings: list | None = None) -> 
             blocking = blockings[index] if blockings else None
             brgemm_function(spec, target, module, name, blocking=blocking)
         else:
-            unary_function(spec, target, module, name)
+            unary_function(spec, target, module, name, lanes=lanes)
     addresses = jit.load_object(jit.compile_object(module.text(), target), names)
     functions = []
     for spec, name in zip(specs, names):

@@ -19,7 +19,7 @@ from teir.codegen.irtext import (
 from teir.codegen.shuffles import transpose_vectors
 from teir.codegen.specs import UnaryOp, UnarySpec
 from teir.codegen.target import Target
-from teir.codegen.transpose import emit_transposed
+from teir.codegen.transpose import emit_transposed, transpose_lanes
 
 COLUMN_UNROLL = 4
 
@@ -165,6 +165,8 @@ def unary_function(
 ) -> None:
     """Add the kernel ``void name(ptr A, ptr B)`` for ``spec`` to ``module`` (A is ignored by
     Zero and the in-place ReLU)."""
+    if spec.trans_a and lanes is None:
+        lanes = transpose_lanes(spec, target.lanes(spec.itemsize))
     emitter = _UnaryEmitter(spec, target, module, name, linkage, attributes, lanes)
     if spec.trans_a:
         emit_transposed(emitter)
