@@ -271,6 +271,27 @@ def test_transposed_copy_at_every_alignment(dtype):
         run_unary(spec, function, seed, shift)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_contiguous_unary_at_every_alignment(dtype):
+    """A contiguous B is swept as one column whose stores start at B's first vector boundary,
+    with overlapping full vectors at both ends."""
+    lanes = HOST.lanes(4 if dtype == "f32" else 8)
+    group = 4 * lanes
+    specs, shifts = [], []
+    for m, n in ((2 * group, 1), (2 * group + 1, 1), (group + 3, 3), (37, 41), (5 * group - 1, 2)):
+        for op, in_place in (
+            (UnaryOp.COPY, False),
+            (UnaryOp.RELU, False),
+            (UnaryOp.ZERO, False),
+            (UnaryOp.RELU, True),
+        ):
+            for shift_a, shift_b in ((0, 0), (1, lanes - 1), (lanes // 2, 0), (0, 3)):
+                specs.append(UnarySpec(dtype, op, m, n, in_place=in_place))
+                shifts.append((shift_a, shift_b))
+    for seed, (spec, function, shift) in enumerate(zip(specs, compile_many(specs, HOST), shifts)):
+        run_unary(spec, function, seed, shift)
+
+
 # ---- the public API -----------------------------------------------------------------------
 
 

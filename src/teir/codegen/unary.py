@@ -8,6 +8,8 @@ dimensions equal the column height the matrix is one long column. The transposed
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from teir.codegen.irtext import (
     FunctionBuilder,
     Module,
@@ -131,8 +133,44 @@ class _UnaryEmitter:
                 rest -= active
             return []
 
-        f.loop(cols, [], column_body, "col")
+        if cols == 1 and rows >= 2 * COLUMN_UNROLL * self.lanes:
+            self.emit_aligned_column(rows, element)
+        else:
+            f.loop(cols, [], column_body, "col")
         f.finish()
+
+    def emit_aligned_column(
+        self, rows: int, element: Callable[[str | int, str | int, int], None]
+    ) -> None:
+        """One long column with B's stores on vector boundaries: misaligned stores split cache
+        lines and cost 20-30 % in cache (64² FP32 copy: 78-89 % of the copy bandwidth with B
+        16 bytes off a line, 93-100 % aligned). The unaligned head and tail are single full
+        vectors overlapping the aligned part: every op here gives the same value when applied
+        twice (A and B never overlap, and an in-place ReLU is idempotent)."""
+        f, lanes, size = self.f, self.lanes, self.spec.itemsize
+        group = COLUMN_UNROLL * lanes
+        address = f.assign("ptrtoint ptr %B to i64", "a")
+        to_boundary = f.assign(f"sub i64 0, {address}", "a")
+        to_boundary = f.assign(f"and i64 {to_boundary}, {lanes * size - 1}", "a")
+        head = f.assign(f"lshr i64 {to_boundary}, {size.bit_length() - 1}", "h")
+        f.when(f.assign(f"icmp ne i64 {head}, 0", "c"), lambda: element(0, 0, lanes))
+        groups = f.assign(f"sub i64 {rows}, {head}", "h")
+        groups = f.assign(f"lshr i64 {groups}, {group.bit_length() - 1}", "h")
+
+        def group_body(g: str) -> None:
+            base = f.add_i64(head, f.mul_i64(g, group))
+            for u in range(COLUMN_UNROLL):
+                element(f.add_i64(base, u * lanes), 0, lanes)
+
+        f.range_loop(0, groups, group_body, "g")
+        done = f.add_i64(head, f.mul_i64(groups, group))
+        rest = f.assign(f"sub i64 {rows}, {done}", "h")
+
+        def tail() -> None:
+            for u in range(COLUMN_UNROLL):
+                element(rows - (COLUMN_UNROLL - u) * lanes, 0, lanes)
+
+        f.when(f.assign(f"icmp ne i64 {rest}, 0", "c"), tail)
 
     # ---- transposed blocks ----------------------------------------------------------------
     def transpose(self, rows: list[str]) -> list[str]:
