@@ -32,7 +32,17 @@ def _tile_op_function(op: TileOp, target: Target, module: Module, name: str) -> 
     if isinstance(spec, BrgemmSpec):
         brgemm_function(spec, target, module, kernel, linkage="internal", attributes="alwaysinline")
     elif isinstance(spec, UnarySpec):
-        unary_function(spec, target, module, kernel, linkage="internal", attributes="alwaysinline")
+        # measured on the permutation suite: in a nest, half-width blocks and diagonal block
+        # orders (tuned for data hot in cache) cost 10-25 % (ij->ji 2048²: 1.3 -> 1.6 ms)
+        unary_function(
+            spec,
+            target,
+            module,
+            kernel,
+            linkage="internal",
+            attributes="alwaysinline",
+            streamed=True,
+        )
     else:
         assert isinstance(spec, GenericSpec)
         generic_function(spec, module, kernel, linkage="internal", attributes="alwaysinline")

@@ -100,7 +100,8 @@ class _Axis:
 
 
 class _Transpose:
-    def __init__(self, emitter: _UnaryEmitter) -> None:
+    def __init__(self, emitter: _UnaryEmitter, diagonals: bool) -> None:
+        self.diagonals = diagonals
         self.e = emitter
         self.f = emitter.f
         self.lanes = emitter.lanes
@@ -201,8 +202,10 @@ class _Transpose:
             if rows.tail and cols.tail:
                 self.block(rows.tail_start, cols.tail_start, rows.tail, cols.tail)
 
-        tile = diagonal_tile(
-            spec.lda * spec.itemsize, rows.least_count, cols.least_count, self.lanes
+        tile = (
+            diagonal_tile(spec.lda * spec.itemsize, rows.least_count, cols.least_count, self.lanes)
+            if self.diagonals
+            else 0
         )
         if not tile:
             # down B's columns: B written as `lanes` streams, A read as one strided stream
@@ -248,6 +251,7 @@ class _Transpose:
         tails()
 
 
-def emit_transposed(emitter: _UnaryEmitter) -> None:
-    """Emit the body of ``B := op(A^T)`` into the emitter's function (not finished)."""
-    _Transpose(emitter).emit()
+def emit_transposed(emitter: _UnaryEmitter, diagonals: bool = True) -> None:
+    """Emit the body of ``B := op(A^T)`` into the emitter's function (not finished);
+    ``diagonals=False`` keeps the plain block order even where rows crowd an L1 set."""
+    _Transpose(emitter, diagonals).emit()

@@ -200,14 +200,17 @@ def unary_function(
     linkage: str = "",
     lanes: int | None = None,
     attributes: str = "",
+    streamed: bool = False,
 ) -> None:
     """Add the kernel ``void name(ptr A, ptr B)`` for ``spec`` to ``module`` (A is ignored by
-    Zero and the in-place ReLU)."""
+    Zero and the in-place ReLU). ``streamed`` marks a tile of a loop nest whose data comes
+    from memory rather than being hot in cache: transposes then skip their in-cache tuning."""
     if spec.trans_a and lanes is None:
-        lanes = transpose_lanes(spec, target.lanes(spec.itemsize))
+        full = target.lanes(spec.itemsize)
+        lanes = full if streamed else transpose_lanes(spec, full)
     emitter = _UnaryEmitter(spec, target, module, name, linkage, attributes, lanes)
     if spec.trans_a:
-        emit_transposed(emitter)
+        emit_transposed(emitter, diagonals=not streamed)
         emitter.f.finish()
     else:
         emitter.emit_columns()
