@@ -366,6 +366,34 @@ def test_optimize_tree_legalize_and_drop_identities(entry, dtype):
         check(tree, leaves, run(root, sizes, dtype, leaves), oracle_root=tree.root)
 
 
+def test_getd_optimization_lays_out_both_operands_for_the_mirror_form():
+    """GETD's last contraction writes a result whose unit-stride id has 25 elements; the
+    optimizer lays out both operands jointly (A unit stride on K, B on the fused N) so the
+    kernel vectorizes along N, permuting the operand its own kernel cannot write."""
+    from teir.codegen.specs import BrgemmSpec
+    from teir.lower.nest import lower
+    from teir.tree.cost import kernel_efficiency, node_config, tree_cost
+
+    entry = next(e for e in COURSE if e["name"] == "opt3_getd")
+    sizes, dtype = entry["sizes"], np.float32
+    tree = teir.EinsumTree.parse(entry["tree"], sizes, dtype=dtype)
+    optimized = rewrite.optimize_tree(tree.root, sizes, dtype, 2)
+    assert tree_cost(optimized, sizes, dtype, 2) < 0.85 * tree_cost(tree.root, sizes, dtype, 2)
+    spec = lower(node_config(optimized, sizes, dtype, 2)).main.spec
+    assert isinstance(spec, BrgemmSpec) and spec.trans_a and spec.trans_b  # the mirror form
+    assert spec.n >= 64 and kernel_efficiency(spec, 16) > 0.9
+    assert any(c.kind is NodeKind.PERMUTATION for c in optimized.children)
+
+
+def test_kernel_efficiency_follows_the_vectorized_extent():
+    from teir.codegen.specs import BrgemmSpec
+    from teir.tree.cost import kernel_efficiency
+
+    outer = BrgemmSpec("f32", 25, 128, 64, 1)
+    mirror = BrgemmSpec("f32", 25, 128, 64, 1, trans_a=True, trans_b=True)
+    assert kernel_efficiency(outer, 16) < 0.8 < 0.95 < kernel_efficiency(mirror, 16)
+
+
 def test_drop_identities():
     tree = teir.EinsumTree.parse("[[[0,1]->[0,1]],[1,2]->[0,2]]->[0,2]", [2, 3, 4])
     dropped = rewrite.drop_identities(tree.root)

@@ -36,8 +36,14 @@ def _fill(extent: int, lanes: int) -> float:
 
 def kernel_efficiency(spec: BrgemmSpec, lanes: int) -> float:
     """Expected fraction of peak of a BRGEMM kernel: vector lanes filled along the vectorized
-    extent, register blocking limited by a thin N, and C traffic amortized over K."""
-    vectorized = spec.k if spec.trans_a and spec.n < 16 else spec.m
+    extent (M; N in the mirror form, where A and B are both stored transposed; K in dot
+    products), register blocking limited by a thin N, and C traffic amortized over K."""
+    if spec.trans_a and spec.trans_b:
+        vectorized = spec.n
+    elif spec.trans_a and spec.n < 16:
+        vectorized = spec.k
+    else:
+        vectorized = spec.m
     k = spec.k * spec.batch
     return _fill(vectorized, lanes) * min(1.0, spec.n / 4) * (k / (k + 2))
 
