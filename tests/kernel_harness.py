@@ -97,8 +97,9 @@ def view(
     )
 
 
-def run_brgemm(spec: BrgemmSpec, function, seed: int) -> None:
-    """Run ``function`` (compiled for ``spec``) on canary-guarded buffers and check it."""
+def run_brgemm(spec: BrgemmSpec, function, seed: int, c_shift: int | None = None) -> None:
+    """Run ``function`` (compiled for ``spec``) on canary-guarded buffers and check it (with C
+    ``c_shift`` elements past a 64-byte boundary where given)."""
     dtype = np.float32 if spec.dtype == "f32" else np.float64
     rng = np.random.default_rng(seed)
     ea, eb, ec = spec.extent_a(), spec.extent_b(), spec.extent_c()
@@ -113,7 +114,7 @@ def run_brgemm(spec: BrgemmSpec, function, seed: int) -> None:
     # NaN canaries in A and B poison any result they are read into; C's canaries must survive.
     a = guarded(rng.uniform(-1, 1, ea).astype(dtype), used_a, np.nan)
     b = guarded(rng.uniform(-1, 1, eb).astype(dtype), used_b, np.nan)
-    c = guarded(rng.uniform(-1, 1, ec).astype(dtype), used_c, 7.25)
+    c = guarded(rng.uniform(-1, 1, ec).astype(dtype), used_c, 7.25, c_shift)
     before = c.full.copy()
     function(a.address, b.address, c.address)
 

@@ -406,3 +406,43 @@ def test_fuzz_configs_and_arrays_never_crash(data, draw):
     expected = before
     reference.execute(config, arrays[0], arrays[1], expected)
     assert_close(config, arrays[2], expected, k_terms(config) * 4)
+
+
+def test_outputs_far_larger_than_the_caches_are_streamed(monkeypatch):
+    """A kernel writing each output tile once, into an output of more than twice the
+    last-level cache, stores it around the caches; not when a last ReLU reads it back."""
+    import teir.lower.tiles as tiles
+    from teir.lower.nest import lower
+
+    monkeypatch.setattr(tiles, "cache_sizes", lambda: {"L1": 1024, "L2": 2048, "L3": 4096})
+    config = {
+        "data_type": "FP32",
+        "prim_first": "Zero",
+        "prim_main": "GEMM",
+        "prim_last": "None",
+        "dim_types": ["M", "N", "K"],
+        "exec_types": ["seq", "seq", "seq"],
+        "dim_sizes": [64, 64, 32],
+        "strides_in0": [1, 0, 64],
+        "strides_in1": [0, 32, 1],
+        "strides_out": [1, 64, 0],
+    }
+    nest = lower(teir.optimize(config, threads=1))
+    assert nest.main_zero is not None and nest.main_zero.spec.stream_c
+    relu = lower(teir.optimize({**config, "prim_last": "ReLU"}, threads=1))
+    assert relu.main_zero is None or not relu.main_zero.spec.stream_c
+    a = np.random.default_rng(0).standard_normal(64 * 32).astype(np.float32)
+    b = np.random.default_rng(1).standard_normal(32 * 64).astype(np.float32)
+    out = teir.buffers.aligned_empty((64 * 64,), np.float32)
+    teir.compile(teir.optimize(config, threads=1), threads=1)(a, b, out)
+    expected = a.reshape(32, 64).T @ b.reshape(64, 32).T
+    np.testing.assert_allclose(out.reshape(64, 64).T, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_aligned_empty():
+    for shape in ((3, 5), (0,), (7,)):
+        for dtype in (np.float32, np.float64):
+            array = teir.buffers.aligned_empty(shape, dtype)
+            assert array.shape == shape and array.dtype == dtype
+            assert array.flags.c_contiguous
+            assert array.size == 0 or array.ctypes.data % 64 == 0

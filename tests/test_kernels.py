@@ -410,6 +410,42 @@ def test_unary_overlap_without_in_place_is_refused():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_streamed_c_at_every_alignment(dtype):
+    """``stream_c`` kernels store C's full vectors non-temporally where C is vector-aligned
+    at run time and normally elsewhere; both give the same result and touch nothing else."""
+    lanes = HOST.lanes(4 if dtype == "f32" else 8)
+    specs, shifts = [], []
+    for m, n, k, batch, ldc in (
+        (4 * lanes, 9, 7, 3, 4 * lanes),
+        (2 * lanes + 3, 5, 4, 1, 3 * lanes),
+    ):
+        for trans_a in (False, True):
+            lda = k if trans_a else m
+            spec = BrgemmSpec(
+                dtype,
+                m,
+                n,
+                k,
+                batch,
+                trans_a,
+                False,
+                lda,
+                k,
+                ldc,
+                lda * (m if trans_a else k),
+                k * n,
+                beta=0,
+                stream_c=True,
+            )
+            for shift in (0, 1, lanes - 1):
+                specs.append(spec)
+                shifts.append(shift)
+    functions = compile_many(specs, HOST)
+    for seed, (spec, function, shift) in enumerate(zip(specs, functions, shifts)):
+        run_brgemm(spec, function, seed, shift)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_packed_a_blocks(dtype):
     # A copied per row block into a lane-padded buffer (chosen for far-apart A columns).
     specs, blockings = [], []

@@ -103,3 +103,17 @@ def checked_buffers(
                 f"{tensor.label}: pass a separate output array (or a copy of {tensor.label})"
             )
     return buf0, buf1, buf_out
+
+
+VECTOR_ALIGN = 64
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """``np.empty(shape, dtype)`` whose data starts on a 64-byte boundary: kernels store full
+    vectors there, and only aligned vectors can bypass the caches (NumPy aligns to 16)."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    raw = np.empty(count * dtype.itemsize + VECTOR_ALIGN, np.uint8)
+    start = (-raw.ctypes.data) % VECTOR_ALIGN
+    array: np.ndarray = raw[start : start + count * dtype.itemsize].view(dtype).reshape(shape)
+    return array

@@ -32,6 +32,8 @@ from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target, cache_sizes
 
 K_UNROLL = 4
+# the metadata node that marks a store non-temporal (the only metadata the kernels use)
+NONTEMPORAL = 0
 # Pack A when its columns are at least this far apart, into a buffer of at most this size.
 PACK_LEADING_BYTES = 4096
 PACK_BUFFER_BYTES = 128 * 1024
@@ -472,9 +474,48 @@ class _Emitter:
         if mirror:
             self.store_mirror(acc, r0, c0, vectors, cols, active, overwrite)
             return
-        for col in range(cols):
-            for v in range(vectors):
-                self.store_outer(acc[col * vectors + v], r0, c0, v, col, active[v], overwrite)
+
+        def store(streamed: bool) -> None:
+            for col in range(cols):
+                for v in range(vectors):
+                    value = acc[col * vectors + v]
+                    if streamed and active[v] == lanes:
+                        offset = f.add_i64(
+                            f.add_i64(r0, v * lanes), f.mul_i64(f.add_i64(c0, col), spec.ldc)
+                        )
+                        pointer = f.gep(self.t, "%C", offset)
+                        f.emit(
+                            f"store {self.vt} {value}, ptr {pointer}, "
+                            f"align {lanes * spec.itemsize}, !nontemporal !{NONTEMPORAL}"
+                        )
+                    else:
+                        self.store_outer(value, r0, c0, v, col, active[v], overwrite)
+
+        if self.streams_c():
+            f.when(self.c_vector_aligned(), lambda: store(True), lambda: store(False))
+        else:
+            store(False)
+
+    def streams_c(self) -> bool:
+        """Whether C's full vectors go around the caches: asked for, written exactly once
+        (overwritten in one pass over the batch), and every register block's vectors aligned
+        when C is (register blocks start at multiples of the vector width)."""
+        spec, blk = self.spec, self.b
+        vector_bytes = blk.lanes * spec.itemsize
+        return (
+            spec.stream_c
+            and spec.beta == 0
+            and blk.chunk == spec.batch
+            and blk.form == "outer"
+            and (spec.ldc * spec.itemsize) % vector_bytes == 0
+        )
+
+    def c_vector_aligned(self) -> str:
+        f, vector_bytes = self.f, self.b.lanes * self.spec.itemsize
+        self.module.declare("nontemporal", f"!{NONTEMPORAL} = !{{i32 1}}")
+        address = f.assign("ptrtoint ptr %C to i64", "a")
+        low = f.assign(f"and i64 {address}, {vector_bytes - 1}", "a")
+        return f.assign(f"icmp eq i64 {low}, 0", "c")
 
     def store_mirror(
         self,

@@ -58,6 +58,9 @@ class BrgemmSpec:
     stride_a: int = 0
     stride_b: int = 0
     beta: int = 1
+    # C is written once into an output far larger than the caches: store it around them
+    # (non-temporal stores, where C is vector-aligned at run time)
+    stream_c: bool = False
 
     def __post_init__(self) -> None:
         _itemsize(self.dtype)
@@ -106,6 +109,7 @@ class BrgemmSpec:
         return (
             f"brgemm_{self.dtype}_{self.m}x{self.n}x{self.k}_b{self.batch}_{layout}_"
             f"{self.lda}_{self.ldb}_{self.ldc}_{self.stride_a}_{self.stride_b}_beta{self.beta}"
+            + ("_stream" if self.stream_c else "")
         )
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from teir.buffers import aligned_empty
 from teir.frontend.einsum_parse import EinsumError, parse
 from teir.frontend.einsum_plan import Operand, Plan, make_plan, operand, placeholder, sum_out
 from teir.kernels.arrays import data_address
@@ -163,7 +164,7 @@ def einsum(
     dtype = plan.dtype
     if out_array is not None:
         out_array = _check_out(out_array, plan.out_shape, dtype)
-    result = out_array if out_array is not None else np.empty(plan.out_shape, dtype)
+    result = out_array if out_array is not None else aligned_empty(plan.out_shape, dtype)
     if plan.canonical is not None:
         return _through_canonical(plan, arrays, out, threads, accumulate, relu)
     if plan.empty:
@@ -188,7 +189,7 @@ def einsum(
     negative = any(s < 0 for s in result.strides)
     if unary_accumulate or overlapping or negative:
         # Computed into a temporary, then added or copied (and ReLU applied) into place.
-        target = np.empty(plan.out_shape, dtype)
+        target = aligned_empty(plan.out_shape, dtype)
         plan, direct = _plan(subscripts, arrays, target, False, False, threads)
     addresses = [data_address(a if isinstance(a, np.ndarray) else a.array) for a in inputs]
     if len(addresses) == 1:

@@ -9,11 +9,12 @@ primitive, and the reason is recorded for ``explain()``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod
 
 from teir.codegen.generic import GenericAxis, GenericSpec
 from teir.codegen.specs import BrgemmSpec, KernelError, UnaryOp, UnarySpec
-from teir.codegen.target import Target
-from teir.ir import Config, DimType, PrimMain, Schedule, Tensor
+from teir.codegen.target import Target, cache_sizes
+from teir.ir import Config, DimType, PrimLast, PrimMain, Schedule, Tensor
 from teir.ir.layout import is_injective
 
 
@@ -172,11 +173,27 @@ def _brgemm(
                     stride_a,
                     stride_b,
                     beta,
+                    stream_c=beta == 0 and _streams_output(config),
                 )
             except KernelError:
                 continue  # leading dimensions that let columns overlap
             return TileOp(spec, (a_tensor, b_tensor, Tensor.OUT))
     return None
+
+
+def _streams_output(config: Config) -> bool:
+    """Whether the kernel should store C around the caches: each output tile is written once
+    (no K loop around the kernel, no last-touch op reading it back) into an output of more
+    than twice the last-level cache, which no later reader finds in cache anyway (the
+    tensor-train tree's 1.35 GiB result)."""
+    s = config.schedule
+    if config.prim_last is not PrimLast.NONE:
+        return False
+    outside = [a for a in range(len(s.dim_types)) if a not in s.prim_axes]
+    if any(s.dim_types[a] is DimType.K for a in outside):
+        return False
+    elements = prod(size for size, t in zip(s.dim_sizes, s.dim_types) if t is not DimType.K)
+    return elements * config.data_type.itemsize > 2 * cache_sizes()["L3"]
 
 
 def _fuse(axes: list[_Axis], tensors: tuple[Tensor, ...]) -> list[_Axis]:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from teir.buffers import aligned_empty
 from teir.frontend.einsum_plan import Plan, make_plan, placeholder
 from teir.kernels.arrays import data_address
 from teir.runtime.arguments import as_array
@@ -187,7 +188,7 @@ class CompiledTree:
     def _result(self, out: Any) -> tuple[np.ndarray, np.ndarray | None]:
         """(where the root is computed, the user's ``out`` if that is somewhere else)."""
         if out is None:
-            return np.empty(self.out_shape, self.dtype), None
+            return aligned_empty(self.out_shape, self.dtype), None
         array = out if isinstance(out, np.ndarray) else as_array("out", out)
         if array.shape != self.out_shape or array.dtype != self.dtype:
             raise TreeError(
@@ -198,7 +199,7 @@ class CompiledTree:
             raise TreeError("out is read-only")
         if array.flags.c_contiguous:
             return array, None
-        target = np.empty(self.out_shape, self.dtype)
+        target = aligned_empty(self.out_shape, self.dtype)
         if self.accumulate:
             target[...] = array
         return target, array
@@ -207,7 +208,7 @@ class CompiledTree:
         arrays = self._leaves(leaves)
         result, user_out = self._result(out)
         if any(np.may_share_memory(result, a) for a in arrays):
-            target = np.empty(self.out_shape, self.dtype)
+            target = aligned_empty(self.out_shape, self.dtype)
             if self.accumulate:
                 target[...] = result
             self._run(arrays, target)

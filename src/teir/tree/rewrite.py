@@ -106,9 +106,7 @@ def _candidates(
     elif child.kind is NodeKind.CONTRACTION:
         for order in orders:
             reordered = reorder(child, order)
-            if parent.kind is NodeKind.CONTRACTION and is_generic(
-                reordered, sizes, dtype, threads
-            ):
+            if parent.kind is NodeKind.CONTRACTION and is_generic(reordered, sizes, dtype, threads):
                 # its own kernel cannot write this layout: compute it in the layout it can,
                 # then permute (GETD's last operand: 158 -> 199 GFLOP/s)
                 inner = reorder(child, canonical_children(child)[2])
