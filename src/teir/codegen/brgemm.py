@@ -214,9 +214,19 @@ class _Emitter:
             "v",
         )
 
-    def store_vector(self, value: str, base: str, offset: str | int, active: int) -> None:
+    def store_vector(
+        self, value: str, base: str, offset: str | int, active: int, streamed: bool = False
+    ) -> None:
+        """Store ``active`` lanes; ``streamed`` full vectors (at vector-aligned addresses) go
+        around the caches."""
         f = self.f
         pointer = f.gep(self.t, base, offset)
+        if active == self.b.lanes and streamed:
+            f.emit(
+                f"store {self.vt} {value}, ptr {pointer}, "
+                f"align {self.b.lanes * self.spec.itemsize}, !nontemporal !{NONTEMPORAL}"
+            )
+            return
         if active == self.b.lanes:
             f.emit(f"store {self.vt} {value}, ptr {pointer}, align {self.spec.itemsize}")
             return
@@ -479,17 +489,7 @@ class _Emitter:
             for col in range(cols):
                 for v in range(vectors):
                     value = acc[col * vectors + v]
-                    if streamed and active[v] == lanes:
-                        offset = f.add_i64(
-                            f.add_i64(r0, v * lanes), f.mul_i64(f.add_i64(c0, col), spec.ldc)
-                        )
-                        pointer = f.gep(self.t, "%C", offset)
-                        f.emit(
-                            f"store {self.vt} {value}, ptr {pointer}, "
-                            f"align {lanes * spec.itemsize}, !nontemporal !{NONTEMPORAL}"
-                        )
-                    else:
-                        self.store_outer(value, r0, c0, v, col, active[v], overwrite)
+                    self.store_outer(value, r0, c0, v, col, active[v], overwrite, streamed)
 
         if self.streams_c():
             f.when(self.c_vector_aligned(), lambda: store(True), lambda: store(False))
@@ -513,9 +513,7 @@ class _Emitter:
     def c_vector_aligned(self) -> str:
         f, vector_bytes = self.f, self.b.lanes * self.spec.itemsize
         self.module.declare("nontemporal", f"!{NONTEMPORAL} = !{{i32 1}}")
-        address = f.assign("ptrtoint ptr %C to i64", "a")
-        low = f.assign(f"and i64 {address}, {vector_bytes - 1}", "a")
-        return f.assign(f"icmp eq i64 {low}, 0", "c")
+        return f.assign(f"icmp eq i64 {f.misaligned_bytes('%C', vector_bytes)}, 0", "c")
 
     def store_mirror(
         self,
@@ -575,11 +573,12 @@ class _Emitter:
         col: int,
         active: int,
         overwrite: bool | str,
+        streamed: bool = False,
     ) -> None:
         f, spec, lanes = self.f, self.spec, self.b.lanes
         if self.b.form != "mirror":
             offset = f.add_i64(f.add_i64(r0, v * lanes), f.mul_i64(f.add_i64(c0, col), spec.ldc))
-            self.store_vector(value, "%C", offset, active)
+            self.store_vector(value, "%C", offset, active, streamed)
             return
         # Lane l holds C[m = c0 + col, n = r0 + v * lanes + l]: at m + n * ldc.
         m_offset = f.add_i64(c0, col)

@@ -111,6 +111,11 @@ class FunctionBuilder:
             return 0
         return self.assign(f"mul i64 {a}, {b}", "i")
 
+    def misaligned_bytes(self, pointer: str, boundary: int) -> str:
+        """``pointer``'s byte offset past the last ``boundary`` (a power of two) at run time."""
+        address = self.assign(f"ptrtoint ptr {pointer} to i64", "a")
+        return self.assign(f"and i64 {address}, {boundary - 1}", "a")
+
     def gep(self, element: str, base: str, offset: str | int) -> str:
         if offset == 0:
             return base

@@ -131,8 +131,7 @@ class _Transpose:
             # a compile-time tail: overlapping it with the last block measured slower here
             # (FP32 33 x 40: 44 % -> 28 % of the copy bandwidth)
             return _Axis(extent, 0, whole, tail, whole)
-        address = f.assign(f"ptrtoint ptr {pointer} to i64", "a")
-        misaligned = f.assign(f"and i64 {address}, {self.vector_bytes - 1}", "a")
+        misaligned = f.misaligned_bytes(pointer, self.vector_bytes)
         # the block after the first boundary starts at lanes - misaligned / size: one before it
         offset = f.assign(f"lshr i64 {misaligned}, {size.bit_length() - 1}", "a")
         offset = f.assign(f"sub i64 0, {offset}", "a")

@@ -149,8 +149,8 @@ class _UnaryEmitter:
         twice (A and B never overlap, and an in-place ReLU is idempotent)."""
         f, lanes, size = self.f, self.lanes, self.spec.itemsize
         group = COLUMN_UNROLL * lanes
-        address = f.assign("ptrtoint ptr %B to i64", "a")
-        to_boundary = f.assign(f"sub i64 0, {address}", "a")
+        misaligned = f.misaligned_bytes("%B", lanes * size)
+        to_boundary = f.assign(f"sub i64 {lanes * size}, {misaligned}", "a")
         to_boundary = f.assign(f"and i64 {to_boundary}, {lanes * size - 1}", "a")
         head = f.assign(f"lshr i64 {to_boundary}, {size.bit_length() - 1}", "h")
         f.when(f.assign(f"icmp ne i64 {head}, 0", "c"), lambda: element(0, 0, lanes))

@@ -105,9 +105,7 @@ class CompiledTree:
             ]
         )
         offsets = {id(n): o for n, o in zip(buffered, self.arena_plan.offsets)}
-        raw = np.empty(self.arena_plan.nbytes + 64, np.uint8)
-        start = (-data_address(raw)) % 64
-        self._arena = raw[start : start + self.arena_plan.nbytes]
+        self._arena = aligned_empty((self.arena_plan.nbytes,), np.uint8)
         self._arena_address = data_address(self._arena) if self.arena_plan.nbytes else 0
 
         def slot(node: Node) -> Slot:

@@ -97,8 +97,12 @@ def is_generic(node: Node, sizes: Sequence[int], dtype: Any, threads: int) -> bo
     """Whether the node's kernel is the scalar fallback (no layout fits a GEMM kernel)."""
     if node.kind is not NodeKind.CONTRACTION:
         return False
-    config = node_config(node, sizes, dtype, threads)
-    main = lower(config).main
+    return _is_generic(node, tuple(sizes), np.dtype(dtype).str, threads)
+
+
+@lru_cache(maxsize=4096)  # the tree optimizer asks for every candidate layout of every node
+def _is_generic(node: Node, sizes: tuple[int, ...], dtype: str, threads: int) -> bool:
+    main = lower(node_config(node, sizes, dtype, threads)).main
     return main is not None and main.kind == "generic"
 
 
