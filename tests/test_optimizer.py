@@ -35,7 +35,7 @@ def test_optimizer_inputs_become_valid_kernel_schedules(path, threads):
     op = teir.compile(config, threads=threads)
     text = op.explain()
     assert "generic" not in text
-    assert len(log) == 5 and all(": " in line for line in log)
+    assert len(log) == 6 and all(": " in line for line in log)
     if threads == 2:
         assert any(e is teir.ExecType.SHARED for e in config.exec_types)
         assert len(op.slices) == 2
@@ -117,6 +117,51 @@ def _prim_sizes(config: teir.Config) -> dict[str, int]:
         for t, e, s in zip(config.dim_types, config.exec_types, config.dim_sizes)
         if e is teir.ExecType.PRIM and t is not teir.DimType.K
     }
+
+
+def test_gemm_larger_than_the_caches_runs_in_panels(monkeypatch):
+    """When the inner tile loop sweeps more of its operand than L2 holds, the outer tile loop
+    is cut into panels whose tiles reuse each inner tile while it is hot; the result stays
+    the GEMM's (caches shrunk so that a small GEMM is "large")."""
+    import teir.optimizer.schedule as schedule
+
+    monkeypatch.setattr(
+        schedule, "cache_sizes", lambda: {"L1": 4096, "L2": 64 * 1024, "L3": 1024 * 1024}
+    )
+    m, n, k = 480, 640, 96
+    data = {
+        "data_type": "FP64",
+        "prim_main": "GEMM",
+        "dim_types": ["M", "N", "K"],
+        "exec_types": ["seq"] * 3,
+        "dim_sizes": [m, n, k],
+        "strides_in0": [1, 0, m],
+        "strides_in1": [0, k, 1],
+        "strides_out": [1, m, 0],
+    }
+    config, log = teir.optimize_with_log(data, threads=2)
+    assert "panels of" in log[4], log
+    loops = [
+        (t, size)
+        for t, size, e in zip(config.dim_types, config.dim_sizes, config.exec_types)
+        if e is not teir.ExecType.PRIM
+    ]
+    # N panels outside the M loop, N tiles inside it
+    assert [t for t, _ in loops] == [teir.DimType.N, teir.DimType.M, teir.DimType.N]
+    panel_tiles = loops[2][1]
+    prim_n = _prim_sizes(config)["N"]
+    # a panel's tiles of B fit half of the (shrunk) last-level cache per thread
+    assert panel_tiles >= 2 and panel_tiles * prim_n * k * 8 <= 1024 * 1024 // 4
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal(m * k), rng.standard_normal(n * k)
+    c = np.zeros(m * n)  # GEMM without Zero accumulates
+    teir.compile(config, threads=2)(a, b, c)
+    expected = a.reshape(k, m).T @ b.reshape(n, k).T
+    np.testing.assert_allclose(c.reshape(n, m).T, expected, rtol=1e-12, atol=1e-10)
+    # within the caches: the order stays as reorder wrote it
+    monkeypatch.undo()
+    _, log = teir.optimize_with_log(data, threads=2)
+    assert "no panels" in log[4], log
 
 
 def test_store_bound_contraction_tiles_are_long_output_rows():

@@ -25,7 +25,7 @@ from teir.ir import Config, DimType, PrimFirst, PrimLast, Tensor
 from teir.ir.layout import is_injective
 from teir.optimizer.primitive import contraction, unary
 from teir.optimizer.problem import Problem, problem_from
-from teir.optimizer.schedule import parallelize, reorder
+from teir.optimizer.schedule import panel, parallelize, reorder
 from teir.optimizer.simplify import drop_size_one, fuse_coherent
 from teir.runtime.pool import default_threads
 
@@ -68,6 +68,8 @@ def optimize_with_log(
         log.append(f"identify primitive: {text}")
     problem, text = reorder(problem)
     log.append(f"reorder: {text}")
+    problem, text = panel(problem, threads)
+    log.append(f"panel: {text}")
     problem, text = parallelize(problem, threads)
     log.append(f"parallelize: {text}")
     return problem.to_config(), tuple(log)
