@@ -36,7 +36,7 @@ from teir.kernels.cache import CODE_CACHE
 from teir.lower.nest import Access, LoopNest, access_flags, lower
 from teir.lower.tiles import TileOp
 from teir.runtime.arguments import as_array
-from teir.runtime.pool import default_threads, run_all
+from teir.runtime.pool import default_threads, run_slices
 
 _VOID_P = ctypes.c_void_p
 _NEST_SIGNATURE = ctypes.CFUNCTYPE(
@@ -68,7 +68,8 @@ class Operation:
         self._uses = tuple(config.uses(t) for t in Tensor)
         loaded = CODE_CACHE.get("nest\n" + nest.key, target, [""], self._generate)
         self.origin = loaded.origin
-        self._native = _NEST_SIGNATURE(loaded.symbols[""])
+        self._function = loaded.symbols[""]
+        self._native = _NEST_SIGNATURE(self._function)
         self._flags: tuple[np.ndarray, np.ndarray] | None = None
         self._flag_addresses = (0, 0)
         if nest.access is Access.TRACKED:
@@ -132,7 +133,12 @@ class Operation:
         if len(slices) == 1:
             self._native(in0, in1, out, 0, self._parallel_size, first, last)
             return
-        run_all([partial(self._native, in0, in1, out, lo, hi, first, last) for lo, hi in slices])
+        lo, hi = slices[0]
+        run_slices(
+            partial(self._native, in0, in1, out, lo, hi, first, last),
+            self._function,
+            [(in0, in1, out, lo, hi, first, last) for lo, hi in slices[1:]],
+        )
 
     # ---- reporting -------------------------------------------------------------------------
     def explain(self, name: str | None = None) -> str:

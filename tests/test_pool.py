@@ -1,0 +1,103 @@
+"""The thread pool: native workers that run nest slices, across growth, concurrent callers
+and fork."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+
+import numpy as np
+import pytest
+
+import teir
+from teir.runtime import pool
+
+
+def _gemm(rows: int, threads: int) -> tuple[teir.Operation, np.ndarray, np.ndarray]:
+    """A GEMM with enough work (33 MFLOP at 1024 rows) for every thread to get a slice."""
+    config = teir.optimize(
+        {
+            "data_type": "FP64",
+            "prim_first": "Zero",
+            "prim_main": "GEMM",
+            "dim_types": ["M", "N", "K"],
+            "exec_types": ["seq"] * 3,
+            "dim_sizes": [rows, 64, 256],
+            "strides_in0": [256, 0, 1],
+            "strides_in1": [0, 1, 64],
+            "strides_out": [64, 1, 0],
+        },
+        threads=threads,
+    )
+    rng = np.random.default_rng(rows)
+    a, b = rng.standard_normal(rows * 256), rng.standard_normal(256 * 64)
+    return teir.compile(config, threads=threads), a, b
+
+
+def _check(op: teir.Operation, a: np.ndarray, b: np.ndarray, calls: int = 20) -> None:
+    expected = a.reshape(-1, 256) @ b.reshape(256, 64)
+    for _ in range(calls):
+        out = np.full(expected.shape, np.nan)
+        op(a, b, out)
+        np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("threads", [2, 3, 5])
+def test_every_slice_runs_on_every_call(threads):
+    """Back-to-back calls (workers still polling) and calls after they fell asleep."""
+    op, a, x = _gemm(1024, threads)
+    assert len(op.slices) == threads
+    _check(op, a, x)
+    threading.Event().wait(5 * pool.IDLE_SPIN_SECONDS)  # let the workers sleep
+    _check(op, a, x, calls=3)
+
+
+def test_the_pool_grows_and_old_workers_end():
+    small, a2, x2 = _gemm(1024, 2)
+    _check(small, a2, x2, calls=2)
+    before = pool._current
+    big, a6, x6 = _gemm(1024, 6)
+    _check(big, a6, x6, calls=2)
+    assert pool._current is not before and pool._current.workers >= 5
+    assert before is None or before._stopped
+    _check(small, a2, x2, calls=2)  # smaller calls use the grown pool
+
+
+def test_concurrent_callers_each_get_their_result():
+    ops = [_gemm(1024 + 64 * i, 2) for i in range(4)]
+    failures: list[BaseException] = []
+
+    def caller(op: teir.Operation, a: np.ndarray, x: np.ndarray) -> None:
+        try:
+            _check(op, a, x, calls=30)
+        except BaseException as error:  # reported below
+            failures.append(error)
+
+    threads = [threading.Thread(target=caller, args=entry) for entry in ops]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+
+
+def _in_child(queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    op, a, b = _gemm(1024, 2)
+    out = np.empty((1024, 64))
+    op(a, b, out)
+    queue.put(
+        len(op.slices) == 2 and bool(np.allclose(out, a.reshape(-1, 256) @ b.reshape(256, 64)))
+    )
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork")
+def test_a_forked_child_starts_its_own_workers():
+    op, a, x = _gemm(1024, 2)
+    _check(op, a, x, calls=2)  # the parent's pool exists before the fork
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_in_child, args=(queue,))
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert queue.get(timeout=5) is True
