@@ -3,7 +3,8 @@
 A pipeline of small passes, each semantics-preserving (configuration in, configuration out):
 drop size-1 axes, fuse stride-coherent axes, identify the primitive (GEMM or BRGEMM and the
 kernel layout that fits the unit strides, with block sizes for the caches), reorder the loops,
-and share loops between threads. ``optimize_with_log`` also returns each pass's decision.
+cut the outer tile loop into panels where the inner one outgrows L2, and share loops between
+threads. ``optimize_with_log`` also returns each pass's decision.
 
 >>> import teir
 >>> gemm = teir.optimize({"data_type": "FP32", "prim_main": "GEMM",
