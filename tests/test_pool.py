@@ -63,6 +63,21 @@ def test_the_pool_grows_and_old_workers_end():
     _check(small, a2, x2, calls=2)  # smaller calls use the grown pool
 
 
+def test_a_stopped_pool_runs_the_slices_in_the_caller():
+    """A caller that picked a pool just before a larger one replaced it still gets every
+    slice computed."""
+    op, a, b = _gemm(1024, 2)
+    _check(op, a, b, calls=1)
+    retired = pool._Pool(1)
+    retired.stop(wait=True)
+    original = pool._pool
+    pool._pool = lambda workers: retired
+    try:
+        _check(op, a, b, calls=2)
+    finally:
+        pool._pool = original
+
+
 def test_concurrent_callers_each_get_their_result():
     ops = [_gemm(1024 + 64 * i, 2) for i in range(4)]
     failures: list[BaseException] = []

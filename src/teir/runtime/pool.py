@@ -88,6 +88,9 @@ def _native() -> _Native:
     )
 
 
+_ARGUMENT_TYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64}
+
+
 class _Pool:
     """Worker threads that run slices of nest functions in native code (see
     :mod:`teir.codegen.spin` for the control block)."""
@@ -126,6 +129,12 @@ class _Pool:
     ) -> None:
         native = _native()
         with self._running:
+            if self._stopped:  # replaced by a larger pool after the caller picked this one
+                local()
+                nest = ctypes.CFUNCTYPE(None, *[_ARGUMENT_TYPES[k] for k in NEST_ARGUMENTS])
+                for arguments in helpers:
+                    nest(function)(*arguments)
+                return
             control = self._control
             generation = int(control[0]) + 1
             for worker in range(self.workers):
