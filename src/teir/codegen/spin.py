@@ -22,6 +22,21 @@ LINE_WORDS = 8
 NEST_ARGUMENTS = ("ptr", "ptr", "ptr", "i64", "i64", "ptr", "ptr")
 
 
+def control_words(workers: int) -> int:
+    """Length of the control block for ``workers`` workers."""
+    return LINE_WORDS * (1 + 2 * workers)
+
+
+def done_word(worker: int) -> int:
+    """Index of the word holding the last generation ``worker`` finished."""
+    return LINE_WORDS * (1 + 2 * worker)
+
+
+def task_word(worker: int) -> int:
+    """Index of ``worker``'s task: the function, then its arguments."""
+    return LINE_WORDS * (2 + 2 * worker)
+
+
 def _relax(target: Target) -> tuple[list[str], list[str]]:
     """(declarations, instructions) that tell the core it is spinning."""
     if target.is_x86:
@@ -79,9 +94,9 @@ def spin_module(target: Target, prefix: str) -> str:
         "",
         f"define i64 @{prefix}_serve(ptr %control, i64 %worker, i64 %seen0, i64 %rounds) {{",
         "entry:",
-        f"  %line = mul i64 %worker, {2 * LINE_WORDS}",
-        f"  %done.at = add i64 %line, {LINE_WORDS}",
-        f"  %task.at = add i64 %line, {2 * LINE_WORDS}",
+        f"  %line = mul i64 %worker, {done_word(1) - done_word(0)}",
+        f"  %done.at = add i64 %line, {done_word(0)}",
+        f"  %task.at = add i64 %line, {task_word(0)}",
         "  %done = getelementptr inbounds i64, ptr %control, i64 %done.at",
         "  %task = getelementptr inbounds i64, ptr %control, i64 %task.at",
         "  br label %wait",

@@ -36,12 +36,9 @@ from teir.kernels.cache import CODE_CACHE
 from teir.lower.nest import Access, LoopNest, access_flags, lower
 from teir.lower.tiles import TileOp
 from teir.runtime.arguments import as_array
-from teir.runtime.pool import default_threads, run_slices
+from teir.runtime.pool import NEST_SIGNATURE, default_threads, run_slices
 
 _VOID_P = ctypes.c_void_p
-_NEST_SIGNATURE = ctypes.CFUNCTYPE(
-    None, _VOID_P, _VOID_P, _VOID_P, ctypes.c_int64, ctypes.c_int64, _VOID_P, _VOID_P
-)
 _NAMES = ("in0", "in1", "out")
 # Below this much work per thread, starting threads costs more than it saves.
 MIN_SECONDS_PER_THREAD = 50e-6
@@ -69,7 +66,7 @@ class Operation:
         loaded = CODE_CACHE.get("nest\n" + nest.key, target, [""], self._generate)
         self.origin = loaded.origin
         self._function = loaded.symbols[""]
-        self._native = _NEST_SIGNATURE(self._function)
+        self._native = NEST_SIGNATURE(self._function)
         self._flags: tuple[np.ndarray, np.ndarray] | None = None
         self._flag_addresses = (0, 0)
         if nest.access is Access.TRACKED:

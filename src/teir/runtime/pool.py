@@ -23,7 +23,7 @@ from functools import cache
 
 import numpy as np
 
-from teir.codegen.spin import LINE_WORDS, NEST_ARGUMENTS, spin_module
+from teir.codegen.spin import NEST_ARGUMENTS, control_words, done_word, spin_module, task_word
 from teir.codegen.target import Target
 from teir.errors import TeirError
 from teir.kernels.cache import CODE_CACHE
@@ -89,6 +89,8 @@ def _native() -> _Native:
 
 
 _ARGUMENT_TYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64}
+# ``void nest(ptr in0, ptr in1, ptr out, i64 lo, i64 hi, ptr first, ptr last)``
+NEST_SIGNATURE = ctypes.CFUNCTYPE(None, *[_ARGUMENT_TYPES[kind] for kind in NEST_ARGUMENTS])
 
 
 class _Pool:
@@ -97,7 +99,7 @@ class _Pool:
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
-        self._control = np.zeros(LINE_WORDS * (1 + 2 * workers), dtype=np.int64)
+        self._control = np.zeros(control_words(workers), dtype=np.int64)
         self._address = self._control.ctypes.data
         self._wake = threading.Condition()
         self._running = threading.Lock()  # one call at a time uses the workers
@@ -108,9 +110,6 @@ class _Pool:
         ]
         for thread in self._threads:
             thread.start()
-
-    def _done_at(self, worker: int) -> int:
-        return LINE_WORDS * (1 + 2 * worker)
 
     def _serve(self, worker: int) -> None:
         native = _native()
@@ -131,14 +130,14 @@ class _Pool:
         with self._running:
             if self._stopped:  # replaced by a larger pool after the caller picked this one
                 local()
-                nest = ctypes.CFUNCTYPE(None, *[_ARGUMENT_TYPES[k] for k in NEST_ARGUMENTS])
+                nest = NEST_SIGNATURE(function)
                 for arguments in helpers:
-                    nest(function)(*arguments)
+                    nest(*arguments)
                 return
             control = self._control
             generation = int(control[0]) + 1
             for worker in range(self.workers):
-                task = LINE_WORDS * (2 + 2 * worker)
+                task = task_word(worker)
                 if worker < len(helpers):
                     control[task] = function
                     control[task + 1 : task + 1 + len(NEST_ARGUMENTS)] = helpers[worker]
@@ -154,7 +153,7 @@ class _Pool:
                     self._join(native, worker, generation)
 
     def _join(self, native: _Native, worker: int, generation: int) -> None:
-        at = self._done_at(worker)
+        at = done_word(worker)
         deadline = time.perf_counter() + JOIN_SPIN_SECONDS
         rounds = max(1, int(native.rounds_per_second * JOIN_SPIN_SECONDS / 20))
         while int(self._control[at]) != generation:
@@ -169,7 +168,7 @@ class _Pool:
         with self._running:
             self._stopped = True
             for worker in range(self.workers):
-                self._control[LINE_WORDS * (2 + 2 * worker)] = 0
+                self._control[task_word(worker)] = 0
             _native().publish(self._address, int(self._control[0]) + 1)
             with self._wake:
                 self._wake.notify_all()
