@@ -446,6 +446,30 @@ def test_streamed_c_at_every_alignment(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_streamed_copies_at_every_alignment(dtype):
+    """``stream_b`` copies store B's full vectors non-temporally where they lie on vector
+    boundaries at run time (transposed blocks, the body of a contiguous column) and normally
+    elsewhere; every alignment gives the same result and touches nothing else."""
+    lanes = HOST.lanes(4 if dtype == "f32" else 8)
+    forms = [
+        dict(m=4 * lanes, n=4 * lanes, lda=4 * lanes, ldb=4 * lanes, trans_a=True),
+        dict(m=9 * lanes, n=8 * lanes + 3, lda=9 * lanes, ldb=10 * lanes, trans_a=True),
+        dict(m=2 * lanes + 5, n=3 * lanes, lda=3 * lanes + 7, ldb=3 * lanes, trans_a=True),
+        dict(m=10 * lanes + 3, n=1),
+        dict(m=3 * lanes, n=4, lda=5 * lanes, ldb=4 * lanes),
+    ]
+    specs, shifts = [], []
+    for form in forms:
+        for op in (UnaryOp.COPY, UnaryOp.RELU):
+            for shift in ((0, 0), (1, lanes - 1), (0, 3), (lanes // 2, 0)):
+                specs.append(UnarySpec(dtype, op, stream_b=True, **form))
+                shifts.append(shift)
+    assert all(spec.name.endswith("_stream") for spec in specs)
+    for seed, (spec, function, shift) in enumerate(zip(specs, compile_many(specs, HOST), shifts)):
+        run_unary(spec, function, seed, shift)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_packed_a_blocks(dtype):
     # A copied per row block into a lane-padded buffer (chosen for far-apart A columns).
     specs, blockings = [], []

@@ -193,3 +193,80 @@ def test_equal_tiles_prefer_compact_strides():
         "abcd,dbef->acef", (32, 32, 32, 32), (32, 32, 32, 32), dtype=np.float32
     )
     assert "brgemm_f32_64x32x32_b32_nn_32768_32_1024" in expression.explain()
+
+
+def _permutation(subscripts: str, size: int, dtype: str = "FP32") -> dict:
+    """An unscheduled Copy config of a permutation of row-major tensors (all sizes ``size``)."""
+    source, target = subscripts.split("->")
+
+    def strides(labels: str) -> dict[str, int]:
+        return {c: size ** (len(labels) - 1 - i) for i, c in enumerate(labels)}
+
+    s_in, s_out = strides(source), strides(target)
+    return {
+        "data_type": dtype,
+        "prim_main": "Copy",
+        "dim_types": ["C"] * len(source),
+        "exec_types": ["seq"] * len(source),
+        "dim_sizes": [size] * len(source),
+        "strides_in0": [s_in[c] for c in source],
+        "strides_in1": [0] * len(source),
+        "strides_out": [s_out[c] for c in source],
+    }
+
+
+def _loops(config: teir.Config) -> list[tuple[int, int, int]]:
+    """(size, in0 stride, out stride) of each loop around the primitive, outermost first."""
+    return [
+        (size, config.strides_in0[i], config.strides_out[i])
+        for i, (size, e) in enumerate(zip(config.dim_sizes, config.exec_types))
+        if e is not teir.ExecType.PRIM
+    ]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_permutation_loops_follow_both_tensors(threads):
+    """A transposing copy's innermost loop continues in0's rows and the next one the output's
+    columns, each in blocks of a few tiles; the result stays the permutation."""
+    n = 32
+    config = teir.optimize(_permutation("ijkl->lkji", n), threads=threads)
+    loops = _loops(config)
+    # k (in0 stride n) innermost, j (out stride n) next, both cut into blocks outside them
+    assert loops[-1] == (8, n, n * n) and loops[-2] == (8, n * n, n), loops
+    assert sorted(loops[:-2]) == [(4, 8 * n, 8 * n * n), (4, 8 * n * n, 8 * n)], loops
+    a = np.random.default_rng(0).standard_normal(n**4).astype(np.float32)
+    out = np.full(n**4, np.nan, np.float32)
+    teir.compile(config, threads=threads)(a, None, out)
+    expected = np.einsum("ijkl->lkji", a.reshape((n,) * 4))
+    np.testing.assert_array_equal(out.reshape((n,) * 4), expected)
+
+
+@pytest.mark.parametrize(
+    ("subscripts", "size", "streamed"),
+    [
+        ("ijkl->lkji", 16, True),  # columns of 64 bytes, scattered by the inner loop
+        ("ijk->ikj", 32, True),  # one loop, whose tiles are whole planes
+        ("ijkl->ljki", 16, False),  # the inner loop continues the columns
+        ("ijkl->lkji", 12, False),  # 48-byte columns share lines with the next tile
+    ],
+)
+def test_large_copies_stream_their_scattered_output(monkeypatch, subscripts, size, streamed):
+    """Copies whose input and output fill the last-level cache store scattered, whole-line
+    output columns around the caches, and nothing else (caches shrunk so that small
+    tensors are "large"); the results are the permutation either way."""
+    import teir.lower.tiles as tiles
+    from teir.lower.nest import lower
+
+    config = teir.optimize(_permutation(subscripts, size), threads=1)
+    assert not lower(config).main.spec.stream_b  # real caches: these tensors fit
+    monkeypatch.setattr(tiles, "cache_sizes", lambda: {"L1": 1024, "L2": 2048, "L3": 4096})
+    assert lower(config).main.spec.stream_b is streamed
+    relu = config.replace(prim_last="ReLU")
+    assert not lower(relu).main.spec.stream_b  # a last ReLU reads the output back
+    ndim = len(subscripts.split("->")[0])
+    a = np.random.default_rng(1).standard_normal(size**ndim).astype(np.float32)
+    out = teir.buffers.aligned_empty((size**ndim,), np.float32)
+    out[:] = np.nan
+    teir.compile(config, threads=2)(a, None, out)
+    expected = np.einsum(subscripts, a.reshape((size,) * ndim))
+    np.testing.assert_array_equal(out.reshape(expected.shape), expected)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from teir.codegen.irtext import (
+    NONTEMPORAL,
     FunctionBuilder,
     Module,
     mask_constant,
@@ -32,8 +33,6 @@ from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target, cache_sizes
 
 K_UNROLL = 4
-# the metadata node that marks a store non-temporal (the only metadata the kernels use)
-NONTEMPORAL = 0
 # Pack A when its columns are at least this far apart, into a buffer of at most this size.
 PACK_LEADING_BYTES = 4096
 PACK_BUFFER_BYTES = 128 * 1024

@@ -22,6 +22,10 @@ def vector_type(lanes: int, itemsize: int) -> str:
     return f"<{lanes} x {scalar_type(itemsize)}>"
 
 
+# the metadata node that marks a store non-temporal (the only metadata the kernels use)
+NONTEMPORAL = 0
+
+
 def mask_constant(lanes: int, active: int) -> str:
     """A lane mask with the first ``active`` lanes on."""
     return "<" + ", ".join(f"i1 {1 if i < active else 0}" for i in range(lanes)) + ">"

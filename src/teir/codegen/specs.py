@@ -125,7 +125,7 @@ class UnaryOp(Enum):
 class UnarySpec:
     """``B := op(A)`` on an m x n column-major B (``ldb``); A is m x n column-major (``lda``)
     or, with ``trans_a``, n x m (B = op(A^T)). ``in_place`` ReLU reads and writes B only.
-    Zero reads nothing.
+    Zero reads nothing. ``stream_b`` stores B's vector-aligned full vectors around the caches.
     """
 
     dtype: str
@@ -136,6 +136,7 @@ class UnarySpec:
     ldb: int = 0
     trans_a: bool = False
     in_place: bool = False
+    stream_b: bool = False
 
     def __post_init__(self) -> None:
         _itemsize(self.dtype)
@@ -187,4 +188,8 @@ class UnarySpec:
     @property
     def name(self) -> str:
         kind = "inplace" if self.in_place else ("t" if self.trans_a else "n")
-        return f"unary_{self.op.value}_{self.dtype}_{self.m}x{self.n}_{kind}_{self.lda}_{self.ldb}"
+        stream = "_stream" if self.stream_b else ""
+        return (
+            f"unary_{self.op.value}_{self.dtype}_{self.m}x{self.n}_{kind}_{self.lda}_{self.ldb}"
+            f"{stream}"
+        )

@@ -167,9 +167,21 @@ class _Transpose:
             e.load("%A", f.add_i64(j0, f.mul_i64(f.add_i64(i0, ii), spec.lda)), lanes)
             for ii in range(lanes)
         ]
-        for jj, column in enumerate(e.transpose(vectors)):
-            offset = f.add_i64(i0, f.mul_i64(f.add_i64(j0, jj), spec.ldb))
-            e.store(e.apply(column), "%B", offset, lanes)
+        columns = [e.apply(column) for column in e.transpose(vectors)]
+
+        def store(streamed: bool) -> None:
+            for jj, column in enumerate(columns):
+                offset = f.add_i64(i0, f.mul_i64(f.add_i64(j0, jj), spec.ldb))
+                e.store(column, "%B", offset, lanes, streamed)
+
+        if e.streams() and (spec.ldb * spec.itemsize) % self.vector_bytes == 0:
+            # around the caches where the block's columns start on vector boundaries (every
+            # block of a shifted grid but the clamped edge ones)
+            misaligned = f.misaligned_bytes(f.gep(e.t, "%B", i0), self.vector_bytes)
+            aligned = f.assign(f"icmp eq i64 {misaligned}, 0", "c")
+            f.when(aligned, lambda: store(True), lambda: store(False))
+        else:
+            store(False)
 
     # ---- traversal ------------------------------------------------------------------------------
     def emit(self) -> None:

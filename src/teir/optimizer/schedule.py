@@ -8,13 +8,17 @@ from teir.codegen.target import cache_sizes
 from teir.ir import DimType, ExecType, Tensor
 from teir.ir.layout import is_injective
 from teir.optimizer.problem import Axis, Problem
-from teir.optimizer.simplify import divisors, split
+from teir.optimizer.simplify import block_size, divisors, split
+
+# the tiles per block of each of a copy's two innermost loops (see _copy_order)
+COPY_BLOCK = 8
 
 
 def reorder(problem: Problem) -> tuple[Problem, str]:
     """Loops: C/M/N loops outside (largest output stride first, so consecutive iterations
     touch neighbouring output tiles and reuse the input block the inner loop shares), K loops
-    innermost (an output tile stays in cache while it is accumulated)."""
+    innermost (an output tile stays in cache while it is accumulated). Copies and ReLUs
+    that read in0 follow both tensors' memory order instead (``_copy_order``)."""
     loops = [a for a in problem.axes if a.exec_type is not ExecType.PRIM]
     prims = [a for a in problem.axes if a.exec_type is ExecType.PRIM]
     outer = sorted(
@@ -22,8 +26,39 @@ def reorder(problem: Problem) -> tuple[Problem, str]:
     )
     inner = [a for a in loops if a.dim_type is DimType.K]
     ordered = outer + inner
+    if problem.primitives.prim_main.is_unary and not inner:
+        ordered = _copy_order(outer)
     text = "loops " + (", ".join(f"{a.dim_type.value}{a.size}" for a in ordered) or "none")
     return problem.with_axes(ordered + prims), text
+
+
+def _copy_order(loops: list[Axis]) -> list[Axis]:
+    """The loops of a copy (largest output stride outermost) with the one that continues
+    in0's tiles in memory innermost and the one that continues the output's tiles next to
+    it, both cut into blocks of about COPY_BLOCK tiles when they are longer.
+
+    Consecutive tiles then extend the same rows of in0, and every COPY_BLOCK of them the
+    same columns of the output, so both tensors are read and written in runs of a few
+    hundred bytes to kilobytes from a few pages at a time rather than one cache line from
+    each of many pages (the TLB's reach and DRAM's open rows): ijkl->lkji 48^4 FP32 on one
+    core, 11 -> 17 GB/s, and with streaming stores 19 -> 28 GB/s.
+    """
+    if len(loops) < 2:
+        return loops
+    reads = min(loops, key=lambda a: (abs(a.stride(Tensor.IN0)), -a.size))
+    writes = min(loops, key=lambda a: (abs(a.stride(Tensor.OUT)), -a.size))
+    others = [a for a in loops if a is not reads and a is not writes]
+    if reads is writes:
+        return [*others, reads]
+    outer: list[Axis] = []
+    inner: list[Axis] = []
+    for axis in (reads, writes):
+        block = block_size(axis.size, COPY_BLOCK, COPY_BLOCK // 2, 2 * COPY_BLOCK, 1)
+        if block < axis.size:
+            blocks, axis = split(axis, block)
+            outer.append(blocks)
+        inner.insert(0, axis)
+    return others + outer + inner
 
 
 def _operand_tile_bytes(problem: Problem, tensor: Tensor) -> int:
@@ -48,10 +83,6 @@ def panel(problem: Problem, threads: int) -> tuple[Problem, str]:
     in the last-level cache (half of it, shared by the threads): 1600^3 GEMM FP64 98 -> 102,
     FP32 196 -> 207 GFLOP/s on 2 cores.
     """
-    import os
-
-    if os.environ.get("TEIR_NOPANEL"):
-        return problem, "off"
     if not problem.primitives.prim_main.is_contraction:
         return problem, "no contraction: no panels"
     axes = list(problem.axes)
