@@ -2,7 +2,8 @@
 
 A pipeline of small passes, each semantics-preserving (configuration in, configuration out):
 drop size-1 axes, fuse stride-coherent axes, identify the primitive (GEMM or BRGEMM and the
-kernel layout that fits the unit strides, with block sizes for the caches), reorder the loops,
+kernel layout that fits the unit strides, with block sizes for the caches), reorder the loops
+(copies: in both tensors' memory order, in blocks),
 cut the outer tile loop into panels where the inner one outgrows L2, and share loops between
 threads. ``optimize_with_log`` also returns each pass's decision.
 

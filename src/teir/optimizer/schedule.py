@@ -26,9 +26,12 @@ def reorder(problem: Problem) -> tuple[Problem, str]:
     )
     inner = [a for a in loops if a.dim_type is DimType.K]
     ordered = outer + inner
+    note = ""
     if problem.primitives.prim_main.is_unary and not inner:
         ordered = _copy_order(outer)
-    text = "loops " + (", ".join(f"{a.dim_type.value}{a.size}" for a in ordered) or "none")
+        if len(ordered) > 1:
+            note = " (copy: in0's next rows innermost, the output's next columns outside them)"
+    text = "loops " + (", ".join(f"{a.dim_type.value}{a.size}" for a in ordered) or "none") + note
     return problem.with_axes(ordered + prims), text
 
 
