@@ -174,7 +174,7 @@ class _Transpose:
                 offset = f.add_i64(i0, f.mul_i64(f.add_i64(j0, jj), spec.ldb))
                 e.store(column, "%B", offset, lanes, streamed)
 
-        if e.streams() and (spec.ldb * spec.itemsize) % self.vector_bytes == 0:
+        if spec.stream_b and (spec.ldb * spec.itemsize) % self.vector_bytes == 0:
             # around the caches where the block's columns start on vector boundaries (every
             # block of a shifted grid but the clamped edge ones)
             misaligned = f.misaligned_bytes(f.gep(e.t, "%B", i0), self.vector_bytes)

@@ -54,6 +54,8 @@ class _UnaryEmitter:
             f"declare void @llvm.masked.store.{self.suffix}.p0({self.vt}, ptr, i32, "
             f"<{self.lanes} x i1>)",
         )
+        if spec.stream_b:
+            module.declare("nontemporal", f"!{NONTEMPORAL} = !{{i32 1}}")
         reads = "readonly " if spec.reads_a else ""
         self.f = FunctionBuilder(
             module,
@@ -76,12 +78,6 @@ class _UnaryEmitter:
     @property
     def vector_bytes(self) -> int:
         return self.lanes * self.spec.itemsize
-
-    def streams(self) -> bool:
-        """Whether aligned full vectors of B go around the caches (``spec.stream_b``)."""
-        if self.spec.stream_b:
-            self.module.declare("nontemporal", f"!{NONTEMPORAL} = !{{i32 1}}")
-        return self.spec.stream_b
 
     def store(
         self, value: str, base: str, offset: str | int, active: int, streamed: bool = False
@@ -170,7 +166,7 @@ class _UnaryEmitter:
         vectors overlapping the aligned part: every op here gives the same value when applied
         twice (A and B never overlap, and an in-place ReLU is idempotent)."""
         f, lanes, size = self.f, self.lanes, self.spec.itemsize
-        streamed = self.streams()
+        streamed = self.spec.stream_b
         group = COLUMN_UNROLL * lanes
         misaligned = f.misaligned_bytes("%B", lanes * size)
         to_boundary = f.assign(f"sub i64 {lanes * size}, {misaligned}", "a")

@@ -215,7 +215,8 @@ def _streams_copy(config: Config, rows: int) -> bool:
     if (rows * config.data_type.itemsize) % LINE_BYTES:
         return False
     s = config.schedule
-    loops = [a for a in range(len(s.dim_types)) if a not in s.prim_axes and s.dim_sizes[a] > 1]
+    prims = s.prim_axes
+    loops = [a for a in range(len(s.dim_types)) if a not in prims and s.dim_sizes[a] > 1]
     if loops and abs(s.strides(Tensor.OUT)[loops[-1]]) == rows:
         return False
     elements = prod(s.dim_sizes)
