@@ -446,3 +446,40 @@ def test_aligned_empty():
             assert array.shape == shape and array.dtype == dtype
             assert array.flags.c_contiguous
             assert array.size == 0 or array.ctypes.data % 64 == 0
+
+
+@pytest.mark.parametrize("dtype", ["FP32", "FP64"])
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("m_loop", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_reused_kernel_tiles_are_packed_once(dtype, transposed, m_loop, threads):
+    """A kernel whose A columns are pages apart (or transposed), inside loops that do not move
+    A, reads A from a buffer packed once before those loops; M tails, batches, both layouts
+    and a shared loop (each thread packs its own) give the reference result."""
+    from teir.lower.nest import lower
+
+    ld = 1030  # columns 4 KiB (FP32) and 8 KiB (FP64) apart
+    m, n, k, batch, n_loop = 37, 40, 24, 3, 3
+    in0_strides = [37 * ld, 0, 24, ld, 0, 1] if transposed else [40, 0, k * ld, 1, 0, ld]
+    config = teir.Config.from_dict(
+        {
+            "data_type": dtype,
+            "prim_first": "Zero",
+            "prim_main": "BRGEMM",
+            "prim_last": "None",
+            "dim_types": ["M", "N", "K", "M", "N", "K"],
+            "exec_types": ["seq", "shared", "prim", "prim", "prim", "prim"],
+            "dim_sizes": [m_loop, n_loop, batch, m, n, k],
+            "strides_in0": in0_strides,
+            "strides_in1": [0, n * batch * k, k, 0, batch * k, 1],
+            "strides_out": [m, n * 80, 0, 1, 80, 0],
+        }
+    )
+    nest = lower(config)
+    assert nest.panel is not None, nest.notes
+    assert nest.panel.depth == (0 if m_loop == 1 else 1)
+    assert nest.panel.reuse == n_loop
+    assert nest.main is not None and not nest.main.spec.trans_a
+    assert "packed into a contiguous" in teir.compile(config, threads=threads).explain()
+    got, expected, _ = run_both(config, threads)
+    assert_close(config, got, expected, k_terms(config))

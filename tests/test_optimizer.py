@@ -188,11 +188,13 @@ def test_store_bound_contraction_tiles_are_long_output_rows():
 
 def test_equal_tiles_prefer_compact_strides():
     """abcd,dbef->acef: a and c are both M axes of size 32; c's rows are 32 elements apart in
-    in0, a's 32768 (a multiple of 4 KiB, so all in one cache set): the kernel takes c."""
+    in0, a's 32768 (a multiple of 4 KiB, so all in one cache set): the kernel takes c (B's
+    leading dimension 32; A, in1, comes from a packed panel with leading dimension 64)."""
     expression = teir.contract_expression(
         "abcd,dbef->acef", (32, 32, 32, 32), (32, 32, 32, 32), dtype=np.float32
     )
-    assert "brgemm_f32_64x32x32_b32_nn_32768_32_1024" in expression.explain()
+    assert "brgemm_f32_64x32x32_b32_nn_64_32_1024" in expression.explain()
+    assert "in1's kernel tile (64 x 32 x batch 32) is packed" in expression.explain()
 
 
 def _permutation(subscripts: str, size: int, dtype: str = "FP32") -> dict:

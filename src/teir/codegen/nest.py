@@ -86,13 +86,20 @@ def nest_function(nest: LoopNest, target: Target, module: Module, name: str) -> 
         if op is not None:
             ops[role] = f"{name}.{role}"
             _tile_op_function(op, target, module, ops[role])
+    panel = nest.panel
+    if panel is not None:
+        _tile_op_function(panel.copy, target, module, f"{name}.pack")
     t = scalar_type(nest.config.data_type.itemsize)
+    # A large stack buffer is probed page by page, so that a thread with too small a stack
+    # stops at its guard page instead of writing past it.
     f = FunctionBuilder(
         module,
         f"define void @{name}(ptr noalias %in0, ptr noalias %in1, "
         "ptr noalias %out, i64 %lo, i64 %hi, ptr %first, ptr %last) "
-        "nounwind",
+        'nounwind "probe-stack"="inline-asm"',
     )
+    if panel is not None:
+        f.entry_alloca(f"%panel = alloca {t}, i64 {panel.elements}, align 64")
     loops = nest.loops
     sizes_after = [prod(loop.size for loop in loops[i + 1 :]) for i in range(len(loops))]
     parallel_after = [
@@ -101,7 +108,13 @@ def nest_function(nest: LoopNest, target: Target, module: Module, name: str) -> 
 
     def call(role: str, offsets: Offsets) -> None:
         pointers = [f.gep(t, base, offsets[i]) for i, base in enumerate(("%in0", "%in1", "%out"))]
+        if panel is not None and role in ("main", "main_zero"):
+            pointers[panel.tensor.value] = "%panel"  # the kernel's A comes from the buffer
         f.emit(f"call void @{ops[role]}({', '.join(f'ptr {p}' for p in pointers)})")
+
+    def pack(offsets: Offsets) -> None:
+        pointers = [f.gep(t, base, offsets[i]) for i, base in enumerate(("%in0", "%in1"))]
+        f.emit(f"call void @{name}.pack(ptr {pointers[0]}, ptr {pointers[1]}, ptr %panel)")
 
     def k_condition(indices: list[str | int], at_end: bool) -> str | None:
         """i1 that is true when every K loop index is 0 (or maximal); None if no K loop."""
@@ -156,6 +169,8 @@ def nest_function(nest: LoopNest, target: Target, module: Module, name: str) -> 
             guarded(last_condition, lambda: call("last", offsets))
 
     def level(depth: int, offsets: Offsets, indices: list[str | int], prefix: str | int) -> None:
+        if panel is not None and depth == panel.depth:
+            pack(offsets)
         if depth == len(loops):
             innermost(offsets, indices)
             return

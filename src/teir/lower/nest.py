@@ -13,6 +13,7 @@ from teir.codegen.specs import UnaryOp
 from teir.errors import TeirError
 from teir.ir import Config, DimType, ExecType, PrimFirst, PrimLast, Tensor
 from teir.ir.layout import is_injective, out_tiles_distinct
+from teir.lower.panels import PanelPack, plan_panel
 from teir.lower.tiles import TileOp, main_op, unary_op
 
 # The tracked first/last path stores two flags per iteration.
@@ -50,6 +51,7 @@ class LoopNest:
     last: TileOp | None
     access: Access
     notes: tuple[str, ...]
+    panel: PanelPack | None = None
 
     @property
     def parallel_size(self) -> int:
@@ -70,6 +72,7 @@ class LoopNest:
             repr(self.main_zero),
             repr(self.last),
             self.access.name,
+            repr(self.panel),
         ]
         return "\n".join(parts)
 
@@ -131,7 +134,12 @@ def lower(config: Config) -> LoopNest:
     for tile_op in (first, main, main_zero, last):
         if tile_op is not None and tile_op.note:
             notes.append(f"{tile_op.spec.name}: generic scalar primitive because {tile_op.note}")
-    return LoopNest(config, loops, first, main, main_zero, last, access, tuple(notes))
+    panel, main, main_zero = plan_panel(
+        tuple(loop.size for loop in loops), tuple(loop.strides for loop in loops), main, main_zero
+    )
+    if panel is not None:
+        notes.append(panel.describe(loops[panel.depth].axis))
+    return LoopNest(config, loops, first, main, main_zero, last, access, tuple(notes), panel)
 
 
 def _parallel_axes(config: Config, access: Access, notes: list[str]) -> set[int]:
