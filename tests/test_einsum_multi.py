@@ -562,3 +562,15 @@ def test_operand_errors():
         teir.einsum("ij,jk,kl->il", a, b, np.ones((5, 2), np.complex128))
     with pytest.raises(teir.EinsumError, match="dtype"):
         teir.einsum("ij,jk,kl->il", a, b, np.ones((5, 2)), dtype=np.int32)
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_accumulate_into_out_when_the_tree_ends_in_a_permutation(relu):
+    """A transposed operand can make the tree's last node a permutation (a Copy, which
+    overwrites): the result is still added to out."""
+    base = np.random.default_rng(0).uniform(-1, 1, (2, 2, 2)).astype(np.float32)
+    ops = [base.transpose(2, 0, 1), base.copy(), base.copy()]
+    start = np.random.default_rng(1).uniform(-1, 1, (2, 2, 2)).astype(np.float32)
+    out = start.copy()
+    teir.einsum("ebd,ddf,aaf->eab", *ops, out=out, accumulate=True, relu=relu)
+    assert_close(out, "ebd,ddf,aaf->eab", ops, np.float32, start, relu)
