@@ -272,3 +272,60 @@ def test_large_copies_stream_their_scattered_output(monkeypatch, subscripts, siz
     teir.compile(config, threads=2)(a, None, out)
     expected = np.einsum(subscripts, a.reshape((size,) * ndim))
     np.testing.assert_array_equal(out.reshape(expected.shape), expected)
+
+
+def test_row_blocks_fill_whole_vectors():
+    """Rows of 1000 FP32 elements go in blocks of 125 (8 vectors, 3 padding lanes), not of
+    100 (7 vectors, 12 padding lanes); sizes with a multiple of the lanes keep it."""
+    from teir.optimizer.simplify import lane_block
+
+    assert lane_block(1000, 80, 16, 320, 16) == 125
+    assert lane_block(1024, 80, 16, 320, 16) == 64
+    assert lane_block(1600, 80, 16, 320, 16) == 80
+    assert lane_block(200, 80, 16, 320, 16) == 200  # fits: one block
+    data = {
+        "data_type": "FP32",
+        "prim_main": "GEMM",
+        "dim_types": ["M", "N", "K"],
+        "exec_types": ["seq"] * 3,
+        "dim_sizes": [1000, 1000, 1000],
+        "strides_in0": [1000, 0, 1],
+        "strides_in1": [0, 1, 1000],
+        "strides_out": [1000, 1, 0],
+    }
+    from teir.codegen.target import Target
+
+    lanes = Target.host().lanes(4)
+    assert _prim_sizes(teir.optimize(data, threads=1))["N"] == lane_block(1000, 80, 16, 320, lanes)
+
+
+@pytest.mark.parametrize("dtype, rows", [("FP32", 80), ("FP64", 40)])
+def test_row_blocks_keep_the_packed_panel_within_its_buffer(dtype, rows, monkeypatch):
+    """1600^3 with rows 12.8 KiB apart (FP64): the kernel's operand over all of K packs into a
+    panel of at most 512 KiB, so the row block shrinks to 40 and the nest packs it once for
+    the loops over M; FP32's 80 rows already fit."""
+    import teir.lower.panels as panels
+    import teir.optimizer.primitive as primitive
+    from teir.lower.nest import lower
+    from teir.lower.panels import STACK_LIMIT_BYTES
+
+    caches = {"L1": 32 * 1024, "L2": 1024 * 1024, "L3": 32 * 1024 * 1024}
+    monkeypatch.setattr(panels, "cache_sizes", lambda: caches)
+    monkeypatch.setattr(primitive, "cache_sizes", lambda: caches)
+
+    n = 1600
+    data = {
+        "data_type": dtype,
+        "prim_main": "GEMM",
+        "dim_types": ["M", "N", "K"],
+        "exec_types": ["seq"] * 3,
+        "dim_sizes": [n, n, n],
+        "strides_in0": [n, 0, 1],
+        "strides_in1": [0, 1, n],
+        "strides_out": [n, 1, 0],
+    }
+    config = teir.optimize(data, threads=2)
+    assert _prim_sizes(config)["N"] == rows
+    nest = lower(config)
+    assert nest.panel is not None
+    assert nest.panel.elements * config.data_type.itemsize <= STACK_LIMIT_BYTES

@@ -9,13 +9,14 @@ from dataclasses import replace
 from itertools import product
 from math import prod
 
-from teir.codegen.brgemm import choose_blocking
+from teir.codegen.brgemm import PACK_LEADING_BYTES, choose_blocking
 from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target, cache_sizes
 from teir.ir import DimType, ExecType, PrimFirst, Primitives, PrimLast, PrimMain, Tensor
+from teir.lower.panels import STACK_LIMIT_BYTES
 from teir.lower.tiles import contraction_op
 from teir.optimizer.problem import Axis, Problem
-from teir.optimizer.simplify import block_size, divisors, split
+from teir.optimizer.simplify import block_size, divisors, lane_block, split
 
 PRIM = ExecType.PRIM
 # Target block sizes (rows of C, columns of C, K) per element size, measured on Zen 4.
@@ -84,6 +85,21 @@ def _elementwise(problem: Problem) -> tuple[Problem, str] | None:
     )
 
 
+def _panel_rows(row: Axis, block: int, k: Axis, k_total: int, itemsize: int, lanes: int) -> int:
+    """The row block, smaller if need be so that the kernel's vector operand for all of K
+    fits a packed panel (:mod:`teir.lower.panels`) where the kernel would pack it: its columns
+    pages apart, or stored transposed. 1600^3 FP64: rows 80 -> 40, 85 -> 92 % of peak."""
+    a_tensor = Tensor.IN0 if row.dim_type is DimType.M else Tensor.IN1
+    far = abs(k.stride(a_tensor)) * itemsize >= PACK_LEADING_BYTES
+    if not (far or row.stride(a_tensor) != 1):
+        return block
+    limit = min(STACK_LIMIT_BYTES, cache_sizes()["L2"] // 2) // (k_total * itemsize)
+    if block <= limit:
+        return block
+    fitting = [d for d in divisors(row.size) if 2 * lanes <= d <= limit and d % lanes == 0]
+    return fitting[-1] if fitting else block
+
+
 def contraction(problem: Problem, threads: int = 1) -> tuple[Problem, str]:
     """Choose the kernel's M, N, K (and batch-reduce) axes and block sizes for a contraction."""
     elementwise = _elementwise(problem)
@@ -119,14 +135,17 @@ def contraction(problem: Problem, threads: int = 1) -> tuple[Problem, str]:
     out_unit = m.stride(Tensor.OUT) == 1 or n.stride(Tensor.OUT) != 1
     row, column = (m, n) if out_unit else (n, m)
     targets = BLOCK_TARGETS[itemsize]
+    rest = [a for a in axes if a is not m and a is not n and a is not k]
+    k_block = block_size(k.size, targets[2], 16, 4 * targets[2], 4)
     if prod(a.size for a in axes if a.dim_type is DimType.K) <= MEMORY_BOUND_K:
         row_block = block_size(row.size, STREAM_TARGETS[0], 16, 2 * STREAM_TARGETS[0], lanes)
         column_block = block_size(column.size, STREAM_TARGETS[1], 4, STREAM_TARGETS[1], 4)
     else:
-        row_block = block_size(row.size, targets[0], 16, 4 * targets[0], lanes)
+        row_block = lane_block(row.size, targets[0], 16, 4 * targets[0], lanes)
         column_block = block_size(column.size, targets[1], 8, 2 * targets[1], 4)
-    k_block = block_size(k.size, targets[2], 16, 4 * targets[2], 4)
-    rest = [a for a in axes if a is not m and a is not n and a is not k]
+        other_k = [a.size for a in rest if a.dim_type is DimType.K]
+        k_total = k.size if k_block < k.size else k.size * max(other_k, default=1)
+        row_block = _panel_rows(row, row_block, k, k_total, itemsize, lanes)
     # Enough output tiles for every thread: smaller blocks when the whole output is one tile.
     others = prod(a.size for a in rest if a.dim_type is not DimType.K)
     work = 2 * prod(a.size for a in axes)
