@@ -396,3 +396,47 @@ def test_elementwise_products(subscripts, sizes, dtype):
 def test_elementwise_product_loops_over_the_unit_stride_axis():
     expression = teir.contract_expression("ij,j->ij", (64, 512), (512,), dtype=np.float32)
     assert "GEMM on one element" in expression.explain()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(
+    "subscripts, shapes, view",
+    [
+        ("i,i->", [(140_000,), (140_000,)], "plain"),
+        ("ij,ji->", [(300, 470), (470, 300)], "plain"),
+        ("ij,jk->ik", [(1, 140_000), (140_000, 1)], "plain"),
+        ("...i,...i->...", [(1, 140_000), (1, 140_000)], "plain"),
+        ("i,i->", [(280_000,), (280_000,)], "strided"),
+        ("i,i->", [(140_000,), (140_000,)], "reversed"),
+    ],
+)
+def test_reductions_with_no_output_to_share_are_split_between_threads(
+    subscripts, shapes, view, dtype
+):
+    """A contraction whose output gives two threads nothing to share cuts a summed label into
+    one part per thread; results equal NumPy into new arrays, out=, accumulate and relu
+    (small integers, so every sum is exact and any lost or repeated term shows)."""
+    rng = np.random.default_rng(3)
+    arrays = [rng.integers(-8, 9, shape).astype(dtype) for shape in shapes]
+    if view == "strided":
+        arrays = [a[::2] for a in arrays]
+    elif view == "reversed":
+        arrays = [a[::-1] for a in arrays]
+    plan = teir.einsum_plan(subscripts, *arrays, threads=2)
+    assert plan.split is not None and plan.split.parts == 2
+    assert "cut into 2 parts" in plan.explain()
+    assert teir.einsum_plan(subscripts, *arrays, threads=1).split is None
+    expected = np.einsum(subscripts, *[a.astype(np.int64) for a in arrays])
+    np.testing.assert_array_equal(teir.einsum(subscripts, *arrays, threads=2), expected)
+    start = rng.integers(-5, 6, np.shape(expected)).astype(dtype)
+    out = np.array(start)
+    teir.einsum(subscripts, *arrays, out=out, accumulate=True, relu=True, threads=2)
+    np.testing.assert_array_equal(out, np.maximum(expected + start, 0))
+
+
+def test_reductions_without_a_label_dividing_between_threads_are_not_split():
+    """An odd-sized summed label cannot be cut into equal parts: the plan stays as it is."""
+    a = np.random.default_rng(4).uniform(-1, 1, 140_001)
+    plan = teir.einsum_plan("i,i->", a, a, threads=2)
+    assert plan.split is None
+    assert np.isclose(teir.einsum("i,i->", a, a, threads=2), a @ a)

@@ -21,6 +21,7 @@ import numpy as np
 from teir.buffers import aligned_empty
 from teir.frontend.einsum_parse import EinsumError, parse
 from teir.frontend.einsum_plan import Operand, Plan, make_plan, operand, placeholder, sum_out
+from teir.frontend.split_reduction import plan_split, split_views
 from teir.kernels.arrays import data_address
 from teir.runtime.arguments import as_array
 from teir.runtime.pool import default_threads
@@ -67,6 +68,7 @@ def _key(
     accumulate: bool,
     relu: bool,
     threads: int,
+    split: bool = True,
 ) -> tuple[Any, ...]:
     return (
         subscripts,
@@ -76,6 +78,7 @@ def _key(
         accumulate,
         relu,
         threads,
+        split,
     )
 
 
@@ -86,13 +89,17 @@ def _plan(
     accumulate: bool,
     relu: bool,
     threads: int,
+    split: bool = True,
 ) -> tuple[Plan, tuple[bool, ...]]:
-    key = _key(subscripts, arrays, out, accumulate, relu, threads)
+    key = _key(subscripts, arrays, out, accumulate, relu, threads, split)
     found = _plans.get(key)
     if found is not None:
         return found
     parsed = parse(subscripts, [a.ndim for a in arrays])
     plan, inputs = make_plan(parsed, arrays, out, accumulate, relu, threads)
+    one_thread = bool(plan.regions) and all(len(r.operation.slices) == 1 for r in plan.regions)
+    if split and one_thread and plan.canonical is None and not any(plan.reductions):
+        plan.split = plan_split(parsed, [a.shape for a in arrays], plan.dtype.itemsize, threads)
     # Operands used in place need only their address per call; the others are prepared again.
     direct = tuple(
         op.array is a and not labels
@@ -155,12 +162,23 @@ def einsum(
         arrays = [a if a.dtype == wanted else a.astype(wanted) for a in arrays]
     if len(arrays) > 2:
         return _multi_operand(subscripts, arrays, out, threads, accumulate, relu, optimize)
-    if threads is None:
-        threads = default_threads()
+    return _one_or_two(subscripts, arrays, out, threads or default_threads(), accumulate, relu)
+
+
+def _one_or_two(
+    subscripts: str,
+    arrays: list[np.ndarray],
+    out: Any,
+    threads: int,
+    accumulate: bool,
+    relu: bool,
+    split: bool = True,
+) -> Any:
+    """:func:`einsum` of one or two operands (``split=False``: never share a reduction)."""
     out_array = None
     if out is not None:
         out_array = out if isinstance(out, np.ndarray) else as_array("out", out)
-    plan, direct = _plan(subscripts, arrays, out_array, accumulate, relu, threads)
+    plan, direct = _plan(subscripts, arrays, out_array, accumulate, relu, threads, split)
     dtype = plan.dtype
     if out_array is not None:
         out_array = _check_out(out_array, plan.out_shape, dtype)
@@ -171,6 +189,18 @@ def einsum(
         if not accumulate:
             result[...] = 0
         elif relu:
+            np.maximum(result, 0, out=result)
+        return result if out is not None or result.ndim else result[()]
+    if plan.split is not None:
+        # One part of the reduction per thread into a temporary, then their sum.
+        views = split_views(plan.split, plan.subscripts, arrays)
+        parts = aligned_empty((plan.split.parts, *plan.out_shape), dtype)
+        _one_or_two(plan.split.subscripts, views, parts, threads, False, False, split=False)
+        if accumulate:
+            result += parts.sum(axis=0)
+        else:
+            np.sum(parts, axis=0, out=result)
+        if relu:
             np.maximum(result, 0, out=result)
         return result if out is not None or result.ndim else result[()]
     inputs: list[Operand | np.ndarray] = []

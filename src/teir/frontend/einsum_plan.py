@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from teir.frontend.einsum_parse import EinsumError, Subscripts
+from teir.frontend.split_reduction import SplitReduction
 from teir.ir import Config
 from teir.optimizer import optimize_with_log
 from teir.runtime.operation import Operation
@@ -142,6 +143,8 @@ class Plan:
     # The operation in pieces: output axes with no good block size are split into a part
     # that tiles well and a thin rest (partial tiles, run as a second operation).
     regions: list[Region] = field(default_factory=list)
+    # Set when the operation runs on one thread only and a K label can be shared instead.
+    split: SplitReduction | None = None
 
     def run(self, in0: int, in1: int, out: int) -> None:
         """Run every region on raw addresses (``in1`` 0 for a unary plan)."""
@@ -167,6 +170,12 @@ class Plan:
                 "# no kernel layout fits the operands as they lie: they are copied "
                 f"into the orders {self.canonical[0]}, {self.canonical[1]} -> "
                 f"{self.canonical[2]} (innermost last) and the result back"
+            )
+        if self.split is not None:
+            lines.append(
+                f"# the operation below runs on one thread: instead, {self.split.label!r} is "
+                f"cut into {self.split.parts} parts, one per thread, as "
+                f"{self.split.subscripts} into a temporary, and the parts are summed"
             )
         lines += [f"# optimize: {line}" for line in self.log]
         if self.operation is not None:
