@@ -90,13 +90,13 @@ def nest_function(nest: LoopNest, target: Target, module: Module, name: str) -> 
     if panel is not None:
         _tile_op_function(panel.copy, target, module, f"{name}.pack")
     t = scalar_type(nest.config.data_type.itemsize)
-    # A large stack buffer is probed page by page, so that a thread with too small a stack
+    # A stack buffer is probed page by page (x86), so that a thread with too small a stack
     # stops at its guard page instead of writing past it.
+    probes = ' "probe-stack"="inline-asm"' if panel is not None and target.is_x86 else ""
     f = FunctionBuilder(
         module,
         f"define void @{name}(ptr noalias %in0, ptr noalias %in1, "
-        "ptr noalias %out, i64 %lo, i64 %hi, ptr %first, ptr %last) "
-        'nounwind "probe-stack"="inline-asm"',
+        f"ptr noalias %out, i64 %lo, i64 %hi, ptr %first, ptr %last) nounwind{probes}",
     )
     if panel is not None:
         f.entry_alloca(f"%panel = alloca {t}, i64 {panel.elements}, align 64")

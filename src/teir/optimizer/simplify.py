@@ -4,6 +4,7 @@ stride-coherent axes of the same type, split an axis into blocks."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from teir.optimizer.problem import Axis, Problem
 
@@ -58,16 +59,23 @@ def divisors(n: int) -> list[int]:
 def block_size(size: int, target: int, low: int, high: int, multiple: int) -> int:
     """The divisor of ``size`` in [low, high] closest to ``target`` (ratio-wise), preferring
     multiples of ``multiple``; ``size`` itself when it is at most ``high`` or nothing fits."""
+    return _best_divisor(
+        size,
+        low,
+        high,
+        lambda d: (0.0 if d % multiple == 0 else 1.0) + abs(math.log(d / target)),
+    )
+
+
+def _best_divisor(size: int, low: int, high: int, score: Callable[[int], float]) -> int:
+    """The divisor of ``size`` in [low, high] of lowest score (the larger on ties); ``size``
+    itself when it is at most ``high`` or no divisor is in range."""
     if size <= high:
         return size
     candidates = [d for d in divisors(size) if low <= d <= high]
     if not candidates:
         return size
-
-    def score(d: int) -> tuple[float, float]:
-        return (0.0 if d % multiple == 0 else 1.0) + abs(math.log(d / target)), -d
-
-    return min(candidates, key=score)
+    return min(candidates, key=lambda d: (score(d), -d))
 
 
 # How much a padded lane costs against a block size off its target (log scale): rows of 1000
@@ -79,14 +87,9 @@ LANE_WASTE_WEIGHT = 4.0
 def lane_block(size: int, target: int, low: int, high: int, lanes: int) -> int:
     """Like :func:`block_size` for a dimension that runs along vectors of ``lanes`` elements:
     a divisor in [low, high] near ``target`` that leaves few lanes of its last vector empty."""
-    if size <= high:
-        return size
-    candidates = [d for d in divisors(size) if low <= d <= high]
-    if not candidates:
-        return size
 
-    def score(d: int) -> tuple[float, float]:
+    def score(d: int) -> float:
         padded = -(-d // lanes) * lanes
-        return abs(math.log(d / target)) + LANE_WASTE_WEIGHT * math.log(padded / d), -d
+        return abs(math.log(d / target)) + LANE_WASTE_WEIGHT * math.log(padded / d)
 
-    return min(candidates, key=score)
+    return _best_divisor(size, low, high, score)
