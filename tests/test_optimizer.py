@@ -329,3 +329,26 @@ def test_row_blocks_keep_the_packed_panel_within_its_buffer(dtype, rows, monkeyp
     nest = lower(config)
     assert nest.panel is not None
     assert nest.panel.elements * config.data_type.itemsize <= STACK_LIMIT_BYTES
+
+
+@pytest.mark.parametrize("dtype", ["FP32", "FP64"])
+def test_transposes_in_memory_move_small_tiles(dtype, monkeypatch):
+    """A transpose whose tensors fill the last-level cache moves 16 x 16 tiles; one that
+    fits moves 64 x 64; both equal NumPy."""
+    import teir.optimizer.primitive as primitive
+
+    config = _permutation("ijk->kji", 64, dtype)
+    assert sorted(_prim_sizes_all(teir.optimize(config, threads=1))) == [64, 64]
+    caches = {"L1": 32 * 1024, "L2": 256 * 1024, "L3": 1024 * 1024}  # 2 x 1-2 MiB >= "L3"
+    monkeypatch.setattr(primitive, "cache_sizes", lambda: caches)
+    small_tiles = teir.optimize(config, threads=1)
+    assert sorted(_prim_sizes_all(small_tiles)) == [16, 16]
+    source = np.random.default_rng(0).standard_normal(64**3).astype(small_tiles.dtype)
+    out = np.empty_like(source)
+    teir.compile(small_tiles, threads=2)(source, None, out)
+    expected = source.reshape(64, 64, 64).transpose(2, 1, 0)
+    np.testing.assert_array_equal(out.reshape(64, 64, 64), expected)
+
+
+def _prim_sizes_all(config: teir.Config) -> list[int]:
+    return [s for e, s in zip(config.exec_types, config.dim_sizes) if e is teir.ExecType.PRIM]
