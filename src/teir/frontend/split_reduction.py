@@ -5,8 +5,8 @@ no C/M/N loop for the threads, and K loops never run in parallel (their iteratio
 the same output). Such an einsum is rewritten: one K label ``k`` of size ``n`` is cut into
 ``(p, n / p)`` with ``p`` the thread count, ``p`` leads the output, the rewritten einsum runs
 with one part per thread into a small temporary, and NumPy adds the ``p`` partial results.
-The operands are only viewed with other strides, never copied. Measured: ``i,i->`` 2M FP64
-on 2 cores 0.54 -> 0.27 ms (NumPy's threaded ddot: 0.27 ms).
+The operands are only viewed with other strides, never copied. Measured: ``i,i->`` 2M on 2
+cores, FP32 0.21 -> 0.14 ms, FP64 0.55 -> 0.27-0.34 ms (NumPy's threaded ddot: 0.20-0.28 ms).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ class SplitReduction:
     label: str
     parts: int
     subscripts: str
-    letters: dict[str, str]  # each label (ellipsis labels included) as a letter
 
 
 def plan_split(
@@ -70,7 +69,7 @@ def plan_split(
         return "".join(part + letters[n] if n == label else letters[n] for n in labels)
 
     text = f"{term(first)},{term(second)}->{part}{term(subscripts.output)}"
-    return SplitReduction(label, threads, text, letters)
+    return SplitReduction(label, threads, text)
 
 
 def split_views(
