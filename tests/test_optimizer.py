@@ -335,12 +335,12 @@ def test_row_blocks_keep_the_packed_panel_within_its_buffer(dtype, rows, monkeyp
 def test_transposes_in_memory_move_small_tiles(dtype, monkeypatch):
     """A transpose whose tensors fill the last-level cache moves 16 x 16 tiles; one that
     fits moves 64 x 64; both equal NumPy."""
-    import teir.optimizer.primitive as primitive
+    import teir.lower.tiles as tiles
 
     config = _permutation("ijk->kji", 64, dtype)
     assert sorted(_prim_sizes_all(teir.optimize(config, threads=1))) == [64, 64]
     caches = {"L1": 32 * 1024, "L2": 256 * 1024, "L3": 1024 * 1024}  # 2 x 1-2 MiB >= "L3"
-    monkeypatch.setattr(primitive, "cache_sizes", lambda: caches)
+    monkeypatch.setattr(tiles, "cache_sizes", lambda: caches)
     small_tiles = teir.optimize(config, threads=1)
     assert sorted(_prim_sizes_all(small_tiles)) == [16, 16]
     source = np.random.default_rng(0).standard_normal(64**3).astype(small_tiles.dtype)

@@ -112,6 +112,11 @@ def _plan(
     return plan, direct
 
 
+def _returned(result: np.ndarray, out: Any) -> Any:
+    """``result``, or its element as a NumPy scalar for a 0-d result the caller did not pass."""
+    return result[()] if out is None and result.ndim == 0 else result
+
+
 def _check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
     if not isinstance(out, np.ndarray):
         out = as_array("out", out)
@@ -190,7 +195,7 @@ def _one_or_two(
             result[...] = 0
         elif relu:
             np.maximum(result, 0, out=result)
-        return result if out is not None or result.ndim else result[()]
+        return _returned(result, out)
     if plan.split is not None:
         # One part of the reduction per thread into a temporary, then their sum.
         views = split_views(plan.split, plan.subscripts, arrays)
@@ -202,7 +207,7 @@ def _one_or_two(
             np.sum(parts, axis=0, out=result)
         if relu:
             np.maximum(result, 0, out=result)
-        return result if out is not None or result.ndim else result[()]
+        return _returned(result, out)
     inputs: list[Operand | np.ndarray] = []
     for index, array in enumerate(arrays):
         if direct[index]:
@@ -232,9 +237,7 @@ def _one_or_two(
             result[...] = target
         if relu:
             np.maximum(result, 0, out=result)
-    if out is None and result.ndim == 0:
-        return result[()]
-    return result
+    return _returned(result, out)
 
 
 def _through_canonical(
@@ -324,9 +327,7 @@ def _multi_operand(
             tree.dtype,
         )
     result = tree(*views, out=out)
-    if out is None and result.ndim == 0:
-        return result[()]
-    return result
+    return _returned(result, out)
 
 
 class ContractExpression:
@@ -387,7 +388,7 @@ class ContractExpression:
                 )
             views = prepare(self.parsed, arrays, self.tree.leaf_ids).views
             result = self.tree(*views, out=out)
-            return result[()] if out is None and result.ndim == 0 else result
+            return _returned(result, out)
         return einsum(
             self.subscripts,
             *operands,

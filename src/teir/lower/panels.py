@@ -34,6 +34,11 @@ from teir.lower.tiles import TileLoop, TileOp
 STACK_LIMIT_BYTES = 512 * 1024
 
 
+def panel_limit_bytes() -> int:
+    """The largest packed panel: within the stack cap and half of L2."""
+    return min(STACK_LIMIT_BYTES, cache_sizes()["L2"] // 2)
+
+
 @dataclass(frozen=True)
 class PanelPack:
     """Before nest loop ``depth`` (0: before the outermost), ``copy`` writes ``tensor``'s tile
@@ -89,8 +94,14 @@ def plan_panel(
         return unchanged
     padded = -(-spec.m // lanes) * lanes
     elements = spec.batch * spec.k * padded
-    if elements * spec.itemsize > min(STACK_LIMIT_BYTES, cache_sizes()["L2"] // 2):
+    if elements * spec.itemsize > panel_limit_bytes():
         return unchanged
+
+    def reading_buffer(kernel: BrgemmSpec) -> BrgemmSpec:
+        return dataclasses.replace(kernel, trans_a=False, lda=padded, stride_a=spec.k * padded)
+
+    if choose_blocking(reading_buffer(spec), target).pack_a:
+        return unchanged  # columns of the buffer itself are far apart: the kernel would repack
     copy_spec = UnarySpec(
         spec.dtype, UnaryOp.COPY, spec.m, spec.k, spec.lda, padded, trans_a=spec.trans_a
     )
@@ -102,16 +113,9 @@ def plan_panel(
         copy_loops = (TileLoop(spec.batch, (strides[0], strides[1], strides[2])),)
     copy = TileOp(copy_spec, (tensor, Tensor.OUT), copy_loops)
     pack = PanelPack(tensor, depth, copy, elements, reuse)
-
-    def reading_buffer(op: TileOp | None) -> TileOp | None:
-        if op is None:
-            return None
-        assert isinstance(op.spec, BrgemmSpec)
-        packed = dataclasses.replace(op.spec, trans_a=False, lda=padded, stride_a=spec.k * padded)
-        return dataclasses.replace(op, spec=packed)
-
-    packed_main = reading_buffer(main)
-    assert packed_main is not None and isinstance(packed_main.spec, BrgemmSpec)
-    if choose_blocking(packed_main.spec, target).pack_a:
-        return unchanged  # columns of the buffer itself are far apart: the kernel would repack
-    return pack, packed_main, reading_buffer(main_zero)
+    packed_main = dataclasses.replace(main, spec=reading_buffer(spec))
+    packed_zero = None
+    if main_zero is not None:
+        assert isinstance(main_zero.spec, BrgemmSpec)
+        packed_zero = dataclasses.replace(main_zero, spec=reading_buffer(main_zero.spec))
+    return pack, packed_main, packed_zero

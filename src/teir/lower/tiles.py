@@ -219,8 +219,13 @@ def _streams_copy(config: Config, rows: int) -> bool:
     loops = [a for a in range(len(s.dim_types)) if a not in prims and s.dim_sizes[a] > 1]
     if loops and abs(s.strides(Tensor.OUT)[loops[-1]]) == rows:
         return False
-    elements = prod(s.dim_sizes)
-    return 2 * elements * config.data_type.itemsize >= cache_sizes()["L3"]
+    return copy_outgrows_cache(prod(s.dim_sizes), config.data_type.itemsize)
+
+
+def copy_outgrows_cache(elements: int, itemsize: int) -> bool:
+    """Whether a copy of ``elements`` reads and writes at least the last-level cache's size:
+    its tensors then live in DRAM, not in cache."""
+    return 2 * elements * itemsize >= cache_sizes()["L3"]
 
 
 def _fuse(axes: list[_Axis], tensors: tuple[Tensor, ...]) -> list[_Axis]:

@@ -13,8 +13,8 @@ from teir.codegen.brgemm import PACK_LEADING_BYTES, choose_blocking
 from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target, cache_sizes
 from teir.ir import DimType, ExecType, PrimFirst, Primitives, PrimLast, PrimMain, Tensor
-from teir.lower.panels import STACK_LIMIT_BYTES
-from teir.lower.tiles import contraction_op
+from teir.lower.panels import panel_limit_bytes
+from teir.lower.tiles import contraction_op, copy_outgrows_cache
 from teir.optimizer.problem import Axis, Problem
 from teir.optimizer.simplify import block_size, divisors, lane_block, split
 
@@ -93,7 +93,7 @@ def _panel_rows(row: Axis, block: int, k: Axis, k_total: int, itemsize: int, lan
     far = abs(k.stride(a_tensor)) * itemsize >= PACK_LEADING_BYTES
     if not (far or row.stride(a_tensor) != 1):
         return block
-    limit = min(STACK_LIMIT_BYTES, cache_sizes()["L2"] // 2) // (k_total * itemsize)
+    limit = panel_limit_bytes() // (k_total * itemsize)
     if block <= limit:
         return block
     fitting = [d for d in divisors(row.size) if 2 * lanes <= d <= limit and d % lanes == 0]
@@ -225,8 +225,8 @@ def unary(problem: Problem) -> tuple[Problem, str]:
     # flight at once (2 threads, same arrays: ij->ji 2048^2 FP64 12 -> 27 GB/s, ijk->kji
     # 256x256x64 FP32 29 -> 38, ijk->ikj 26 -> 38); within the caches, 64 x 64 (ij->ji
     # 1000^2 FP32: 84 GB/s against 54 with 16 x 16).
-    in_dram = 2 * prod(a.size for a in axes) * itemsize >= cache_sizes()["L3"]
-    transpose_tile = (16, 8, 32) if in_dram else (64, 16, 256)
+    in_memory = copy_outgrows_cache(prod(a.size for a in axes), itemsize)
+    transpose_tile = (16, 8, 32) if in_memory else (64, 16, 256)
     for axis, is_row in ((row, True), (column, False)):
         if axis is None:
             continue
