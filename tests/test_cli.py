@@ -263,3 +263,21 @@ def test_bench_trees_expression_follows_the_tree():
     assert subscripts == "ie,hdi,cgh,bfg,af->abcde"
     assert path == [[0, 1], [0, 1], [0, 2], [0, 1]]
     assert opt_einsum_peak(parse_tree(string), sizes, 4) > 0
+
+
+def test_baseline_processes_start_with_the_thread_count():
+    # The runner imports NumPy (through teir) before its own code runs, so the thread count
+    # must already be in the environment it starts with.
+    from teir.bench.einsum_suite import baseline_environment
+
+    script = (
+        "import os, teir; print(os.environ['OPENBLAS_NUM_THREADS'], os.environ['OMP_NUM_THREADS'])"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", script],
+        env=baseline_environment(3),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert child.stdout.split() == ["3", "3"]

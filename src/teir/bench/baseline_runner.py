@@ -1,5 +1,6 @@
 """Child process of ``teir bench einsum``: times einsums on a baseline library, alone in its
-process and with its thread count set before the library loads.
+process, which starts with its BLAS and OpenMP thread counts set in its environment
+(``einsum_suite.baseline_environment``).
 
 Usage: ``python -m teir.bench.baseline_runner numpy|torch|opt_einsum`` with JSON on standard
 input: ``{"cases": [[subscripts, [shapes...], dtype], ...], "seconds": budget, "threads": n}``;
@@ -11,7 +12,6 @@ Prints a JSON list of best seconds per case (``null`` where the library failed).
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -34,9 +34,8 @@ def _best(run: Callable[..., Any], seconds: float) -> float:
 def main() -> None:
     library = sys.argv[1]
     request = json.load(sys.stdin)
-    threads = str(request["threads"])
-    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[name] = threads
+    # The parent sets the BLAS thread count in this process's environment: ``-m`` imports the
+    # teir package, and with it NumPy and its BLAS, before this function runs.
     import numpy as np
 
     results: list[float | None] = []
@@ -44,7 +43,7 @@ def main() -> None:
     if library == "torch":
         import torch
 
-        torch.set_num_threads(int(threads))
+        torch.set_num_threads(int(request["threads"]))
     for case in request["cases"]:
         subscripts, shapes, dtype = case[:3]
         try:

@@ -85,6 +85,15 @@ def _flops(subscripts: str, sizes: dict[str, int]) -> int:
     return 2 * math.prod(sizes[c] for c in labels)
 
 
+def baseline_environment(threads: int) -> dict[str, str]:
+    """This process's environment with every BLAS and OpenMP thread count set to ``threads``:
+    a baseline process must start with it, since its BLAS reads it when NumPy is imported."""
+    counts = dict.fromkeys(
+        ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"), str(threads)
+    )
+    return dict(os.environ, **counts)
+
+
 def _baseline(
     library: str, cases: list[tuple[str, list[list[int]], str]], threads: int, seconds: float
 ) -> list[float | None]:
@@ -95,7 +104,7 @@ def _baseline(
         input=json.dumps({"cases": cases, "seconds": seconds, "threads": threads}),
         capture_output=True,
         text=True,
-        env=dict(os.environ),
+        env=baseline_environment(threads),
         check=False,
     )
     if result.returncode != 0:
