@@ -252,6 +252,24 @@ def test_large_contraction_uses_kernels():
     check("ij,jk->ik", [a, b])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_operands_no_kernel_layout_fits_go_through_copies(dtype):
+    # The batch label is innermost everywhere: no GEMM layout fits, so both operands and the
+    # result are permuted through temporaries. Calls reuse those, also while out is summed into.
+    a, b = operands([(9, 7, 5), (7, 6, 5)], dtype)
+    plan = teir.einsum_plan("ijb,jkb->ikb", a, b)
+    text = plan.explain()
+    assert "copied into the orders bji, bkj -> bki" in text
+    assert "the contraction of the copies:\n# einsum abc,adb->adc" in text
+    assert "generic" not in text  # the generic operation planned first does not run
+    out = np.zeros((9, 6, 5), dtype)
+    for _ in range(3):
+        check("ijb,jkb->ikb", [a, b])
+        teir.einsum("ijb,jkb->ikb", a, b, out=out, accumulate=True)
+    tolerance = 1e-4 if dtype == np.float32 else 1e-11
+    np.testing.assert_allclose(out, 3 * np.einsum("ijb,jkb->ikb", a, b), rtol=tolerance)
+
+
 @st.composite
 def random_einsum(draw):
     letters = "abcdef"

@@ -19,12 +19,13 @@ from typing import Any
 import numpy as np
 
 from teir.buffers import aligned_empty
-from teir.frontend.einsum_parse import EinsumError, parse
+from teir.frontend.einsum_parse import LETTERS, EinsumError, parse
 from teir.frontend.einsum_plan import Operand, Plan, make_plan, operand, placeholder, sum_out
 from teir.frontend.split_reduction import plan_split, split_views
 from teir.kernels.arrays import data_address
 from teir.runtime.arguments import as_array
 from teir.runtime.pool import default_threads
+from teir.runtime.scratch import scratch
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 PLAN_CACHE_SIZE = 4096
@@ -100,6 +101,8 @@ def _plan(
     one_thread = bool(plan.regions) and all(len(r.operation.slices) == 1 for r in plan.regions)
     if split and one_thread and plan.canonical is None and not any(plan.reductions):
         plan.split = plan_split(parsed, [a.shape for a in arrays], plan.dtype.itemsize, threads)
+    if plan.canonical is not None:
+        plan.product = _product_plan(plan, inputs, threads)
     # Operands used in place need only their address per call; the others are prepared again.
     direct = tuple(
         op.array is a and not labels
@@ -110,6 +113,37 @@ def _plan(
             _plans.pop(next(iter(_plans)))
         _plans[key] = (plan, direct)
     return plan, direct
+
+
+def _canonical_subscripts(canonical: tuple[str, str, str]) -> list[str]:
+    """The fallback's label orders (in0, in1, out) in letters ('...' dimensions have digit
+    labels, which einsum strings do not take)."""
+    letters: dict[str, str] = {}
+    for label in "".join(canonical):
+        letters.setdefault(label, LETTERS[len(letters)])
+    return ["".join(letters[x] for x in order) for order in canonical]
+
+
+def _label_sizes(inputs: list[Operand]) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for prepared in inputs:
+        for label in prepared.labels:
+            sizes[label] = max(sizes.get(label, 1), prepared.sizes[label])
+    return sizes
+
+
+def _product_plan(plan: Plan, inputs: list[Operand], threads: int) -> Plan:
+    """The plan of the contraction that the canonical fallback runs on its copies (planned
+    here, with placeholders of the copies' C-order shapes, so that it is cached for the call
+    and ``explain()`` can show it)."""
+    assert plan.canonical is not None
+    sizes = _label_sizes(inputs)
+    left, right, result = _canonical_subscripts(plan.canonical)
+    copies, target = (
+        [placeholder([sizes[x] for x in order], None, plan.dtype) for order in plan.canonical[:2]],
+        placeholder([sizes[x] for x in plan.canonical[2]], None, plan.dtype),
+    )
+    return _plan(f"{left},{right}->{result}", copies, target, False, False, threads)[0]
 
 
 def _returned(result: np.ndarray, out: Any) -> Any:
@@ -199,12 +233,12 @@ def _one_or_two(
     if plan.split is not None:
         # One part of the reduction per thread into a temporary, then their sum.
         views = split_views(plan.split, plan.subscripts, arrays)
-        parts = aligned_empty((plan.split.parts, *plan.out_shape), dtype)
-        _one_or_two(plan.split.subscripts, views, parts, threads, False, False, split=False)
-        if accumulate:
-            result += parts.sum(axis=0)
-        else:
-            np.sum(parts, axis=0, out=result)
+        with scratch([(plan.split.parts, *plan.out_shape)], dtype) as (parts,):
+            _one_or_two(plan.split.subscripts, views, parts, threads, False, False, split=False)
+            if accumulate:
+                result += parts.sum(axis=0)
+            else:
+                np.sum(parts, axis=0, out=result)
         if relu:
             np.maximum(result, 0, out=result)
         return _returned(result, out)
@@ -216,27 +250,27 @@ def _one_or_two(
             prepared = operand(array, plan.subscripts.inputs[index], index)
             labels = plan.reductions[index]
             inputs.append(sum_out(prepared, labels) if labels else prepared)
-    target = result
+    addresses = [data_address(a if isinstance(a, np.ndarray) else a.array) for a in inputs]
+    if len(addresses) == 1:
+        addresses.append(0)
     unary_accumulate = accumulate and len(arrays) == 1
     overlapping = out_array is not None and any(
         np.shares_memory(out_array, a if isinstance(a, np.ndarray) else a.array) for a in inputs
     )
     negative = any(s < 0 for s in result.strides)
-    if unary_accumulate or overlapping or negative:
-        # Computed into a temporary, then added or copied (and ReLU applied) into place.
-        target = aligned_empty(plan.out_shape, dtype)
+    if not (unary_accumulate or overlapping or negative):
+        plan.run(addresses[0], addresses[1], data_address(result))
+        return _returned(result, out)
+    # Computed into a temporary, then added or copied (and ReLU applied) into place.
+    with scratch([plan.out_shape], dtype) as (target,):
         plan, direct = _plan(subscripts, arrays, target, False, False, threads)
-    addresses = [data_address(a if isinstance(a, np.ndarray) else a.array) for a in inputs]
-    if len(addresses) == 1:
-        addresses.append(0)
-    plan.run(addresses[0], addresses[1], data_address(target))
-    if target is not result:
+        plan.run(addresses[0], addresses[1], data_address(target))
         if accumulate:
             result += target
         else:
             result[...] = target
-        if relu:
-            np.maximum(result, 0, out=result)
+    if relu:
+        np.maximum(result, 0, out=result)
     return _returned(result, out)
 
 
@@ -246,22 +280,14 @@ def _through_canonical(
     """The documented fallback when no kernel layout fits: permute the operands (Copy
     kernels) into layouts that do, contract, and permute the result into place."""
     assert plan.canonical is not None
-    letters: dict[str, str] = {}
-
-    def name(label: str) -> str:
-        return letters.setdefault(
-            label, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"[len(letters)]
-        )
-
     prepared_operands = []
     for index, array in enumerate(arrays):
         prepared = operand(array, plan.subscripts.inputs[index], index)
         labels = plan.reductions[index]
         prepared_operands.append(sum_out(prepared, labels) if labels else prepared)
-    sizes: dict[str, int] = {}
-    for prepared in prepared_operands:
-        for label in prepared.labels:
-            sizes[label] = max(sizes.get(label, 1), prepared.sizes[label])
+    sizes = _label_sizes(prepared_operands)
+    orders = _canonical_subscripts(plan.canonical)
+    letters = dict(zip("".join(plan.canonical), "".join(orders)))
     views = []
     for prepared in prepared_operands:
         view = np.lib.stride_tricks.as_strided(
@@ -271,22 +297,21 @@ def _through_canonical(
         )
         # Broadcast dimensions are materialized: the copies must have real unit strides.
         view = np.broadcast_to(view, [sizes[x] for x in prepared.labels])
-        views.append(("".join(name(x) for x in prepared.labels), view))
-    orders = ["".join(name(x) for x in order) for order in plan.canonical]
-    output = "".join(name(x) for x in plan.subscripts.output)
-    copies = [
-        einsum(f"{labels}->{order}", view, threads=threads)
-        for (labels, view), order in zip(views, orders[:2])
-    ]
-    product = einsum(f"{orders[0]},{orders[1]}->{orders[2]}", *copies, threads=threads)
-    return einsum(
-        f"{orders[2]}->{output}",
-        product,
-        out=out,
-        threads=threads,
-        accumulate=accumulate,
-        relu=relu,
-    )
+        views.append(("".join(letters[x] for x in prepared.labels), view))
+    output = "".join(letters[x] for x in plan.subscripts.output)
+    shapes = [tuple(sizes[x] for x in order) for order in plan.canonical]
+    with scratch(shapes, plan.dtype) as (copy0, copy1, product):
+        for (term, view), order, copy in zip(views, orders[:2], (copy0, copy1)):
+            einsum(f"{term}->{order}", view, out=copy, threads=threads)
+        einsum(f"{orders[0]},{orders[1]}->{orders[2]}", copy0, copy1, out=product, threads=threads)
+        return einsum(
+            f"{orders[2]}->{output}",
+            product,
+            out=out,
+            threads=threads,
+            accumulate=accumulate,
+            relu=relu,
+        )
 
 
 TREE_CACHE_SIZE = 64

@@ -145,6 +145,8 @@ class Plan:
     regions: list[Region] = field(default_factory=list)
     # Set when the operation runs on one thread only and a K label can be shared instead.
     split: SplitReduction | None = None
+    # With ``canonical``: the plan of the contraction that runs on the copies.
+    product: Plan | None = None
 
     def run(self, in0: int, in1: int, out: int) -> None:
         """Run every region on raw addresses (``in1`` 0 for a unary plan)."""
@@ -177,6 +179,10 @@ class Plan:
                 f"cut into {self.split.parts} parts, one per thread, as "
                 f"{self.split.subscripts} into a temporary, and the parts are summed"
             )
+        if self.product is not None:
+            # The operation planned on the operands as they lie does not run: show the one
+            # that does.
+            return "\n".join([*lines, "# the contraction of the copies:", self.product.explain()])
         lines += [f"# optimize: {line}" for line in self.log]
         if self.operation is not None:
             lines += ["", self.operation.explain()]
