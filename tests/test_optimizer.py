@@ -15,6 +15,8 @@ from helpers import EXAMPLES, operands
 from strategies import configs
 from teir import reference
 
+RNG = np.random.default_rng(7)
+
 UNSCHEDULED = sorted((EXAMPLES / "unscheduled").glob("*.json"))
 
 
@@ -195,6 +197,19 @@ def test_equal_tiles_prefer_compact_strides():
     )
     assert "brgemm_f32_64x32x32_b32_nn_64_32_1024" in expression.explain()
     assert "in1's kernel tile (64 x 32 x batch 32) is packed" in expression.explain()
+
+
+def test_batch_reduce_axis_keeps_reads_close_together():
+    """cdae,decb->ba: e is the kernel's K; c (16) and d (24) are left for the batch-reduce.
+    A batch over d would put in1's tiles 31744 elements apart, one over c 64 apart (the
+    next rows): the batch is c although d is longer."""
+    sizes = {"a": 12, "b": 64, "c": 16, "d": 24, "e": 31}
+    a, b = (RNG.uniform(-1, 1, [sizes[x] for x in term]) for term in ("cdae", "decb"))
+    plan = teir.einsum_plan("cdae,decb->ba", a, b, threads=1)
+    assert "K 31 (of 31), batch-reduce 16" in plan.explain()
+    np.testing.assert_allclose(
+        teir.einsum("cdae,decb->ba", a, b), np.einsum("cdae,decb->ba", a, b), rtol=1e-11
+    )
 
 
 def _permutation(subscripts: str, size: int, dtype: str = "FP32") -> dict:

@@ -100,6 +100,27 @@ def _panel_rows(row: Axis, block: int, k: Axis, k_total: int, itemsize: int, lan
     return fitting[-1] if fitting else block
 
 
+# A batch-reduce axis shorter than this keeps too few GEMMs per kernel call to be chosen for
+# its memory order over a longer one.
+MIN_BATCH = 8
+
+
+def _span(axes: list[Axis], tensor: Tensor) -> int:
+    """Elements between the first and the last one of ``tensor`` that ``axes`` reach."""
+    return sum((a.size - 1) * abs(a.stride(tensor)) for a in axes)
+
+
+def _batch_axis(k_axes: list[Axis], tile: list[Axis]) -> Axis:
+    """The K axis a BRGEMM call reduces over besides its tile's K: the one whose batch keeps
+    the call's reads of in0 and in1 closest together (rows far apart each cost a TLB entry and
+    a prefetch stream of their own), among those long enough to fill a call."""
+    long_enough = [a for a in k_axes if a.size >= MIN_BATCH] or [max(k_axes, key=lambda a: a.size)]
+    return min(
+        long_enough,
+        key=lambda a: (sum(_span([*tile, a], t) for t in (Tensor.IN0, Tensor.IN1)), -a.size),
+    )
+
+
 def contraction(problem: Problem, threads: int = 1) -> tuple[Problem, str]:
     """Choose the kernel's M, N, K (and batch-reduce) axes and block sizes for a contraction."""
     elementwise = _elementwise(problem)
@@ -179,7 +200,8 @@ def contraction(problem: Problem, threads: int = 1) -> tuple[Problem, str]:
     else:
         k_rest = [a for a in rest if a.dim_type is DimType.K]
         if k_rest:
-            batch = max(k_rest, key=lambda a: a.size)
+            tile = [parts[id(m)], parts[id(n)], gemm_k]
+            batch = _batch_axis(k_rest, tile)
             rest = [a for a in rest if a is not batch]
     prims = [parts[id(m)].with_exec(PRIM), parts[id(n)].with_exec(PRIM)]
     if batch is not None:
