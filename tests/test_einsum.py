@@ -259,7 +259,9 @@ def test_operands_no_kernel_layout_fits_go_through_copies(dtype):
     a, b = operands([(9, 7, 5), (7, 6, 5)], dtype)
     plan = teir.einsum_plan("ijb,jkb->ikb", a, b)
     text = plan.explain()
-    assert "copied into the orders bji, bkj -> bki" in text
+    assert (
+        "in0 is copied into the order bji; in1 is copied into the order bkj; the result is " in text
+    )
     assert "the contraction of the copies:\n# einsum abc,adb->adc" in text
     assert "generic" not in text  # the generic operation planned first does not run
     out = np.zeros((9, 6, 5), dtype)
@@ -268,6 +270,33 @@ def test_operands_no_kernel_layout_fits_go_through_copies(dtype):
         teir.einsum("ijb,jkb->ikb", a, b, out=out, accumulate=True)
     tolerance = 1e-4 if dtype == np.float32 else 1e-11
     np.testing.assert_allclose(out, 3 * np.einsum("ijb,jkb->ikb", a, b), rtol=tolerance)
+
+
+@pytest.mark.parametrize(
+    ("subscripts", "sizes", "moved"),
+    [
+        # Only the result lies badly (its batch label innermost): the inputs are read in place.
+        ("bik,bkj->ijb", {"b": 4, "i": 24, "j": 16, "k": 8}, ["the result"]),
+        # in0's rows (label c) lie 576 KB apart: it is copied too, in1 is read in place.
+        ("cabe,abde->cdba", {"a": 3, "b": 40, "c": 16, "d": 8, "e": 600}, ["in0", "the result"]),
+    ],
+)
+def test_the_fallback_copies_only_the_tensors_that_need_it(subscripts, sizes, moved):
+    inputs, output = subscripts.split("->")
+    a, b = operands([[sizes[x] for x in term] for term in inputs.split(",")])
+    text = teir.einsum_plan(subscripts, a, b).explain()
+    assert "# no kernel layout fits" in text
+    for name in ("in0", "in1", "the result"):
+        assert (f"{name} is c" in text) == (name in moved)
+    expected = np.einsum(subscripts, a, b)
+    np.testing.assert_allclose(teir.einsum(subscripts, a, b), expected, rtol=1e-11, atol=1e-11)
+    out = np.ones([sizes[x] for x in output])
+    teir.einsum(subscripts, a, b, out=out, accumulate=True, relu=True)
+    np.testing.assert_allclose(out, np.maximum(expected + 1, 0), rtol=1e-11, atol=1e-11)
+    # A result that cannot be written in place (negative strides) is computed in a copy.
+    backwards = np.zeros([sizes[x] for x in output])[::-1]
+    teir.einsum(subscripts, a, b, out=backwards)
+    np.testing.assert_allclose(backwards, expected, rtol=1e-11, atol=1e-11)
 
 
 @st.composite

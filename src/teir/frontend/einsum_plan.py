@@ -138,8 +138,9 @@ class Plan:
     reductions: list[list[str]] = field(default_factory=list)
     empty: bool = False
     # Set when no kernel layout fits the operands as they lie: label orders (in0, in1, out)
-    # that do fit, for the documented fallback of copying into them.
-    canonical: tuple[str, str, str] | None = None
+    # that do fit, for the documented fallback of copying into them (None: that tensor is
+    # used as it lies).
+    canonical: tuple[str | None, str | None, str | None] | None = None
     # The operation in pieces: output axes with no good block size are split into a part
     # that tiles well and a thin rest (partial tiles, run as a second operation).
     regions: list[Region] = field(default_factory=list)
@@ -168,10 +169,17 @@ class Plan:
         if self.empty:
             lines.append("# a dimension of size 0: the result is zeros")
         if self.canonical is not None:
+            names = ("in0", "in1", "the result")
+            moves = [
+                f"{name} is {'computed in' if name == names[2] else 'copied into'} the order "
+                f"{order}" + (" and permuted into place" if name == names[2] else "")
+                for name, order in zip(names, self.canonical)
+                if order is not None
+            ]
             lines.append(
-                "# no kernel layout fits the operands as they lie: they are copied "
-                f"into the orders {self.canonical[0]}, {self.canonical[1]} -> "
-                f"{self.canonical[2]} (innermost last) and the result back"
+                "# no kernel layout fits the operands as they lie: "
+                + "; ".join(moves)
+                + " (innermost last)"
             )
         if self.split is not None:
             lines.append(
