@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from itertools import combinations
-from math import prod
 from typing import Any
 
 import numpy as np
 
 from teir.buffers import aligned_empty
-from teir.frontend.einsum_parse import LETTERS, EinsumError, parse
+from teir.frontend import copy_fallback
+from teir.frontend.einsum_parse import EinsumError, parse
 from teir.frontend.einsum_plan import Operand, Plan, make_plan, operand, placeholder, sum_out
 from teir.frontend.split_reduction import plan_split, split_views
-from teir.ir import ExecType, Tensor
 from teir.kernels.arrays import data_address
 from teir.runtime.arguments import as_array
 from teir.runtime.pool import default_threads
@@ -115,138 +113,19 @@ def _plan(
     if plan.canonical is not None:
         if not fallback:
             return plan, direct
-        plan.canonical, plan.product = _fallback(plan, inputs, out, accumulate, relu, threads)
+
+        def contraction(
+            subscripts: str, operands: list[np.ndarray], target: np.ndarray, last: bool
+        ) -> Plan:
+            options = (accumulate, relu) if last else (False, False)
+            return _plan(subscripts, operands, target, *options, threads, fallback=False)[0]
+
+        plan.canonical, plan.product = copy_fallback.choose(plan, inputs, out, contraction)
     with _lock:
         if len(_plans) >= PLAN_CACHE_SIZE:
             _plans.pop(next(iter(_plans)))
         _plans[key] = (plan, direct)
     return plan, direct
-
-
-def _label_sizes(inputs: list[Operand]) -> dict[str, int]:
-    sizes: dict[str, int] = {}
-    for prepared in inputs:
-        for label in prepared.labels:
-            sizes[label] = max(sizes.get(label, 1), prepared.sizes[label])
-    return sizes
-
-
-def _fallback_terms(
-    orders: tuple[str | None, str | None, str | None], own: list[str]
-) -> tuple[list[str], dict[str, str]]:
-    """The fallback contraction's terms (in0, in1, out) in letters, each tensor in its copy's
-    order or, when it is not copied, in its own; and the letter of every label ('...'
-    dimensions have digit labels, which einsum strings do not take)."""
-    labels = [order if order is not None else mine for order, mine in zip(orders, own)]
-    letters: dict[str, str] = {}
-    for label in "".join(labels):
-        letters.setdefault(label, LETTERS[len(letters)])
-    return ["".join(letters[x] for x in term) for term in labels], letters
-
-
-def _view(prepared: Operand, sizes: dict[str, int]) -> np.ndarray:
-    """An operand as an array over its labels (broadcast dimensions at their full size)."""
-    view = np.lib.stride_tricks.as_strided(
-        prepared.array,
-        shape=[prepared.sizes[x] for x in prepared.labels],
-        strides=[prepared.strides[x] * prepared.array.itemsize for x in prepared.labels],
-    )
-    return np.broadcast_to(view, [sizes[x] for x in prepared.labels])
-
-
-def _kernel_volume(plan: Plan) -> int:
-    """Elements one kernel call spans (the product of the prim axes' sizes)."""
-    assert plan.config is not None
-    schedule = plan.config.schedule
-    return prod(
-        size for size, e in zip(schedule.dim_sizes, schedule.exec_types) if e is ExecType.PRIM
-    )
-
-
-# An operand left where it lies must keep its kernel tile's rows this close together; rows
-# further apart each cost the kernel a TLB entry and a prefetch stream (cabe,abde->cdba with
-# in0's rows 388 KB apart: 6.9 ms used as it lies, 6.3 ms copied).
-ROW_GAP_LIMIT_BYTES = 64 << 10
-
-
-def _fits(plan: Plan, uncopied: tuple[Tensor, ...] = ()) -> bool:
-    """Whether ``plan`` runs kernels (not the generic primitive), with the tiles of the
-    ``uncopied`` tensors compact enough to be read where they lie."""
-    main = None if plan.operation is None else plan.operation.nest.main
-    if plan.canonical is not None or main is None or main.kind == "generic":
-        return False
-    assert plan.config is not None
-    schedule, itemsize = plan.config.schedule, plan.dtype.itemsize
-    prims = [a for a, e in enumerate(schedule.exec_types) if e is ExecType.PRIM]
-    return all(
-        abs(schedule.strides(tensor)[a]) * itemsize <= ROW_GAP_LIMIT_BYTES
-        for tensor in uncopied
-        for a in prims
-        if schedule.dim_sizes[a] > 1
-    )
-
-
-def _fallback(
-    plan: Plan,
-    inputs: list[Operand],
-    out: np.ndarray | None,
-    accumulate: bool,
-    relu: bool,
-    threads: int,
-) -> tuple[tuple[str | None, str | None, str | None], Plan]:
-    """Which tensors the fallback copies, and the plan of the contraction it then runs.
-
-    Copying fewer bytes is better, but a layout that merely fits a kernel can still make a
-    poor one: a subset of copies is taken only if its kernel tiles span at least half of what
-    copying all three gives (``ijb,jkb->ikb`` with only in1 copied ran at 3 %)."""
-    assert plan.canonical is not None
-    full = plan.canonical
-    sizes = _label_sizes(inputs)
-    own = ["".join(op.labels) for op in inputs] + ["".join(plan.subscripts.output)]
-    views = [_view(op, sizes) for op in inputs]
-    target: np.ndarray | None = None  # where an uncopied result goes (None: it cannot)
-    if out is not None and all(s >= 0 for s in out.strides):
-        target = out
-    elif out is None:
-        target = placeholder(plan.out_shape, None, plan.dtype)
-
-    def product_plan(orders: tuple[str | None, str | None, str | None]) -> Plan | None:
-        terms, _ = _fallback_terms(orders, own)
-        arrays = [
-            view if order is None else placeholder([sizes[x] for x in order], None, plan.dtype)
-            for view, order in zip(views, orders[:2])
-        ]
-        if orders[2] is None:
-            if target is None:
-                return None
-            return _plan(
-                f"{terms[0]},{terms[1]}->{terms[2]}",
-                *(arrays, target, accumulate, relu, threads),
-                fallback=False,
-            )[0]
-        copy = placeholder([sizes[x] for x in orders[2]], None, plan.dtype)
-        contraction = f"{terms[0]},{terms[1]}->{terms[2]}"
-        return _plan(contraction, arrays, copy, False, False, threads, fallback=False)[0]
-
-    everything = product_plan((full[0], full[1], full[2]))
-    assert everything is not None
-    if not _fits(everything):
-        return full, everything
-    bytes_of = [prod(sizes[x] for x in order or "") for order in full]
-    subsets = [s for r in (1, 2) for s in combinations(range(3), r)]
-    for subset in sorted(subsets, key=lambda s: sum(bytes_of[i] for i in s)):
-        orders = (
-            full[0] if 0 in subset else None,
-            full[1] if 1 in subset else None,
-            full[2] if 2 in subset else None,
-        )
-        product = product_plan(orders)
-        uncopied = tuple(t for t in Tensor if t.value not in subset)
-        if product is None or not _fits(product, uncopied):
-            continue
-        if 2 * _kernel_volume(product) >= _kernel_volume(everything):
-            return orders, product
-    return full, everything
 
 
 def _returned(result: np.ndarray, out: Any) -> Any:
@@ -326,7 +205,8 @@ def _one_or_two(
         out_array = _check_out(out_array, plan.out_shape, dtype)
     result = out_array if out_array is not None else aligned_empty(plan.out_shape, dtype)
     if plan.canonical is not None:
-        return _through_canonical(plan, arrays, out, threads, accumulate, relu)
+        _through_canonical(plan, arrays, result, threads, accumulate, relu)
+        return _returned(result, out)
     if plan.empty:
         if not accumulate:
             result[...] = 0
@@ -378,56 +258,31 @@ def _one_or_two(
 
 
 def _through_canonical(
-    plan: Plan, arrays: list[np.ndarray], out: Any, threads: int, accumulate: bool, relu: bool
-) -> Any:
-    """The documented fallback when no kernel layout fits: permute the operands that need it
-    (Copy kernels) into layouts that do, contract, and permute the result into place if it
-    needs it too."""
-    assert plan.canonical is not None
+    plan: Plan,
+    arrays: list[np.ndarray],
+    result: np.ndarray,
+    threads: int,
+    accumulate: bool,
+    relu: bool,
+) -> None:
+    """The documented fallback when no kernel layout fits (:mod:`copy_fallback`)."""
     prepared_operands = []
     for index, array in enumerate(arrays):
         prepared = operand(array, plan.subscripts.inputs[index], index)
         labels = plan.reductions[index]
         prepared_operands.append(sum_out(prepared, labels) if labels else prepared)
-    sizes = _label_sizes(prepared_operands)
-    orders = plan.canonical
-    own = ["".join(op.labels) for op in prepared_operands] + ["".join(plan.subscripts.output)]
-    terms, letters = _fallback_terms(orders, own)
-    copied = [i for i, order in enumerate(orders) if order is not None]
-    shapes = [tuple(sizes[x] for x in orders[i] or "") for i in copied]
-    with scratch(shapes, plan.dtype) as buffers:
-        operands: list[np.ndarray] = []
-        for index, prepared in enumerate(prepared_operands):
-            view = _view(prepared, sizes)
-            if orders[index] is None:
-                operands.append(view)
-                continue
-            copy = buffers[copied.index(index)]
-            mine = "".join(letters[x] for x in prepared.labels)
-            einsum(f"{mine}->{terms[index]}", view, out=copy, threads=threads)
-            operands.append(copy)
-        contraction = f"{terms[0]},{terms[1]}->{terms[2]}"
-        if orders[2] is None:
-            result = out if out is not None else aligned_empty(plan.out_shape, plan.dtype)
-            einsum(
-                contraction,
-                *operands,
-                out=result,
-                threads=threads,
-                accumulate=accumulate,
-                relu=relu,
-            )
-            return _returned(result, out)
-        product = buffers[-1]
-        einsum(contraction, *operands, out=product, threads=threads)
-        return einsum(
-            f"{terms[2]}->{''.join(letters[x] for x in plan.subscripts.output)}",
-            product,
-            out=out,
+
+    def step(subscripts: str, operands: list[np.ndarray], target: np.ndarray, last: bool) -> None:
+        einsum(
+            subscripts,
+            *operands,
+            out=target,
             threads=threads,
-            accumulate=accumulate,
-            relu=relu,
+            accumulate=accumulate and last,
+            relu=relu and last,
         )
+
+    copy_fallback.run(plan, prepared_operands, result, step)
 
 
 TREE_CACHE_SIZE = 64

@@ -1,0 +1,173 @@
+"""The fallback for binary einsums that no kernel layout fits as their operands lie: copy the
+tensors that need it into label orders that do fit (Copy kernels), contract, and copy the
+result into place if it needed a copy too.
+
+Copying fewer bytes is better, but a layout that merely fits a kernel can still make a poor
+one. So each subset of (in0, in1, result) is planned, the cheapest first, and taken when its
+kernel tiles span at least half of what copying all three gives and every tensor it leaves
+in place keeps its tile rows close together (``ijb,jkb->ikb`` with only in1 copied ran at
+3 % of peak, ``cabe,abde->cdba`` with in0's rows 388 KB apart lost to copying in0).
+
+The planner and the runner are passed in (``einsum``'s), so this module never calls up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import combinations
+from math import prod
+
+import numpy as np
+
+from teir.frontend.einsum_parse import LETTERS
+from teir.frontend.einsum_plan import Operand, Plan, placeholder
+from teir.ir import ExecType, Tensor
+from teir.runtime.scratch import scratch
+
+# Label orders (in0, in1, result) of the copies; None: that tensor is used as it lies.
+Orders = tuple[str | None, str | None, str | None]
+# (subscripts, operands, output, last step: the call's accumulate and ReLU apply) -> a plan
+# that never falls back itself, or the same call run.
+PlanStep = Callable[[str, list[np.ndarray], np.ndarray, bool], Plan]
+RunStep = Callable[[str, list[np.ndarray], np.ndarray, bool], None]
+
+# A tensor left where it lies must keep its kernel tile's rows this close together; rows
+# further apart each cost the kernel a TLB entry and a prefetch stream (cabe,abde->cdba with
+# in0's rows 388 KB apart: 6.9 ms used as it lies, 6.3 ms copied).
+ROW_GAP_LIMIT_BYTES = 64 << 10
+
+
+def label_sizes(inputs: list[Operand]) -> dict[str, int]:
+    """The size of every label (a broadcast dimension takes the other operand's)."""
+    sizes: dict[str, int] = {}
+    for prepared in inputs:
+        for label in prepared.labels:
+            sizes[label] = max(sizes.get(label, 1), prepared.sizes[label])
+    return sizes
+
+
+def terms(orders: Orders, own: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The contraction's terms (in0, in1, out) in letters, each tensor in its copy's order or,
+    when it is not copied, in its own; and the letter of every label ('...' dimensions have
+    digit labels, which einsum strings do not take)."""
+    labels = [order if order is not None else mine for order, mine in zip(orders, own)]
+    letters: dict[str, str] = {}
+    for label in "".join(labels):
+        letters.setdefault(label, LETTERS[len(letters)])
+    return ["".join(letters[x] for x in term) for term in labels], letters
+
+
+def operand_view(prepared: Operand, sizes: dict[str, int]) -> np.ndarray:
+    """An operand as an array over its labels (broadcast dimensions at their full size)."""
+    view = np.lib.stride_tricks.as_strided(
+        prepared.array,
+        shape=[prepared.sizes[x] for x in prepared.labels],
+        strides=[prepared.strides[x] * prepared.array.itemsize for x in prepared.labels],
+    )
+    return np.broadcast_to(view, [sizes[x] for x in prepared.labels])
+
+
+def kernel_volume(plan: Plan) -> int:
+    """Elements one kernel call spans (the product of the prim axes' sizes)."""
+    assert plan.config is not None
+    schedule = plan.config.schedule
+    return prod(
+        size for size, e in zip(schedule.dim_sizes, schedule.exec_types) if e is ExecType.PRIM
+    )
+
+
+def fits(plan: Plan, uncopied: tuple[Tensor, ...] = ()) -> bool:
+    """Whether ``plan`` runs kernels (not the generic primitive), with the tiles of the
+    ``uncopied`` tensors compact enough to be read where they lie."""
+    main = None if plan.operation is None else plan.operation.nest.main
+    if plan.canonical is not None or main is None or main.kind == "generic":
+        return False
+    assert plan.config is not None
+    schedule, itemsize = plan.config.schedule, plan.dtype.itemsize
+    prims = [a for a, e in enumerate(schedule.exec_types) if e is ExecType.PRIM]
+    return all(
+        abs(schedule.strides(tensor)[a]) * itemsize <= ROW_GAP_LIMIT_BYTES
+        for tensor in uncopied
+        for a in prims
+        if schedule.dim_sizes[a] > 1
+    )
+
+
+def choose(
+    plan: Plan, inputs: list[Operand], out: np.ndarray | None, plan_step: PlanStep
+) -> tuple[Orders, Plan]:
+    """Which tensors to copy (``plan.canonical`` holds the orders of copying all three), and
+    the plan of the contraction that then runs."""
+    assert plan.canonical is not None
+    full = plan.canonical
+    sizes = label_sizes(inputs)
+    own = ["".join(op.labels) for op in inputs] + ["".join(plan.subscripts.output)]
+    views = [operand_view(op, sizes) for op in inputs]
+    target: np.ndarray | None = None  # where an uncopied result goes (None: it cannot)
+    if out is not None and all(s >= 0 for s in out.strides):
+        target = out
+    elif out is None:
+        target = placeholder(plan.out_shape, None, plan.dtype)
+
+    def contraction(orders: Orders) -> Plan | None:
+        letters, _ = terms(orders, own)
+        subscripts = f"{letters[0]},{letters[1]}->{letters[2]}"
+        arrays = [
+            view if order is None else placeholder([sizes[x] for x in order], None, plan.dtype)
+            for view, order in zip(views, orders[:2])
+        ]
+        if orders[2] is not None:
+            copy = placeholder([sizes[x] for x in orders[2]], None, plan.dtype)
+            return plan_step(subscripts, arrays, copy, False)
+        return None if target is None else plan_step(subscripts, arrays, target, True)
+
+    everything = contraction(full)
+    assert everything is not None
+    if not fits(everything):
+        return full, everything
+    bytes_of = [prod(sizes[x] for x in order or "") for order in full]
+    subsets = [s for r in (1, 2) for s in combinations(range(3), r)]
+    for subset in sorted(subsets, key=lambda s: sum(bytes_of[i] for i in s)):
+        orders = (
+            full[0] if 0 in subset else None,
+            full[1] if 1 in subset else None,
+            full[2] if 2 in subset else None,
+        )
+        product = contraction(orders)
+        uncopied = tuple(t for t in Tensor if t.value not in subset)
+        if product is None or not fits(product, uncopied):
+            continue
+        if 2 * kernel_volume(product) >= kernel_volume(everything):
+            return orders, product
+    return full, everything
+
+
+def run(plan: Plan, inputs: list[Operand], result: np.ndarray, step: RunStep) -> None:
+    """Copy, contract and copy back into ``result`` as ``plan.canonical`` says, through
+    scratch buffers."""
+    assert plan.canonical is not None
+    sizes = label_sizes(inputs)
+    orders = plan.canonical
+    own = ["".join(op.labels) for op in inputs] + ["".join(plan.subscripts.output)]
+    letters, names = terms(orders, own)
+    copied = [i for i, order in enumerate(orders) if order is not None]
+    shapes = [tuple(sizes[x] for x in orders[i] or "") for i in copied]
+    with scratch(shapes, plan.dtype) as buffers:
+        operands: list[np.ndarray] = []
+        for index, prepared in enumerate(inputs):
+            view = operand_view(prepared, sizes)
+            if orders[index] is None:
+                operands.append(view)
+                continue
+            copy = buffers[copied.index(index)]
+            mine = "".join(names[x] for x in prepared.labels)
+            step(f"{mine}->{letters[index]}", [view], copy, False)
+            operands.append(copy)
+        contraction = f"{letters[0]},{letters[1]}->{letters[2]}"
+        if orders[2] is None:
+            step(contraction, operands, result, True)
+            return
+        product = buffers[-1]
+        step(contraction, operands, product, False)
+        output = "".join(names[x] for x in plan.subscripts.output)
+        step(f"{letters[2]}->{output}", [product], result, True)
