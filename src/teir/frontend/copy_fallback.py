@@ -20,7 +20,7 @@ from math import prod
 import numpy as np
 
 from teir.frontend.einsum_parse import LETTERS
-from teir.frontend.einsum_plan import Operand, Plan, placeholder
+from teir.frontend.einsum_plan import Operand, Plan, label_sizes, placeholder
 from teir.ir import ExecType, Tensor
 from teir.runtime.scratch import scratch
 
@@ -37,13 +37,9 @@ RunStep = Callable[[str, list[np.ndarray], np.ndarray, bool], None]
 ROW_GAP_LIMIT_BYTES = 64 << 10
 
 
-def label_sizes(inputs: list[Operand]) -> dict[str, int]:
-    """The size of every label (a broadcast dimension takes the other operand's)."""
-    sizes: dict[str, int] = {}
-    for prepared in inputs:
-        for label in prepared.labels:
-            sizes[label] = max(sizes.get(label, 1), prepared.sizes[label])
-    return sizes
+def _own_labels(plan: Plan, inputs: list[Operand]) -> list[str]:
+    """Each tensor's labels as it lies (in0, in1, result)."""
+    return ["".join(op.labels) for op in inputs] + ["".join(plan.subscripts.output)]
 
 
 def terms(orders: Orders, own: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -100,8 +96,8 @@ def choose(
     the plan of the contraction that then runs."""
     assert plan.canonical is not None
     full = plan.canonical
-    sizes = label_sizes(inputs)
-    own = ["".join(op.labels) for op in inputs] + ["".join(plan.subscripts.output)]
+    sizes = label_sizes(inputs, plan.subscripts.output)
+    own = _own_labels(plan, inputs)
     views = [operand_view(op, sizes) for op in inputs]
     target: np.ndarray | None = None  # where an uncopied result goes (None: it cannot)
     if out is not None and all(s >= 0 for s in out.strides):
@@ -146,9 +142,9 @@ def run(plan: Plan, inputs: list[Operand], result: np.ndarray, step: RunStep) ->
     """Copy, contract and copy back into ``result`` as ``plan.canonical`` says, through
     scratch buffers."""
     assert plan.canonical is not None
-    sizes = label_sizes(inputs)
+    sizes = label_sizes(inputs, plan.subscripts.output)
     orders = plan.canonical
-    own = ["".join(op.labels) for op in inputs] + ["".join(plan.subscripts.output)]
+    own = _own_labels(plan, inputs)
     letters, names = terms(orders, own)
     copied = [i for i, order in enumerate(orders) if order is not None]
     shapes = [tuple(sizes[x] for x in orders[i] or "") for i in copied]
