@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import teir
 from helpers import out_array
+from teir.frontend import copy_fallback
 
 RNG = np.random.default_rng(7)
 
@@ -297,6 +298,60 @@ def test_the_fallback_copies_only_the_tensors_that_need_it(subscripts, sizes, mo
     backwards = np.zeros([sizes[x] for x in output])[::-1]
     teir.einsum(subscripts, a, b, out=backwards)
     np.testing.assert_allclose(backwards, expected, rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize(
+    ("subscripts", "sizes", "label"),
+    [
+        # The batch labels: a has unit stride in in1, b rows of 8 elements -> chunks of b.
+        ("afbec,efdba->cbda", {"a": 3, "b": 25, "c": 5, "d": 7, "e": 4, "f": 6}, "b"),
+        # b and a have unit or short strides in the inputs; c (M) leaves out only in1, which
+        # is small enough to be read again for every chunk.
+        ("ceab,edab->cbad", {"a": 3, "b": 3, "c": 41, "d": 4, "e": 6}, "c"),
+        # b is the result's unit-stride label, and i or j would read bkj or bik again per chunk.
+        ("bik,bkj->ijb", {"b": 6, "i": 24, "j": 16, "k": 32}, None),
+    ],
+)
+def test_large_fallback_copies_are_made_a_chunk_at_a_time(monkeypatch, subscripts, sizes, label):
+    # The thresholds scaled down so that small operands take the path of large ones.
+    monkeypatch.setattr(copy_fallback, "CHUNK_ABOVE_BYTES", 256)
+    monkeypatch.setattr(copy_fallback, "CHUNK_BYTES", 512)
+    monkeypatch.setattr(copy_fallback, "CHUNK_RUN_BYTES", 64)
+    monkeypatch.setattr(copy_fallback, "CHUNK_REREAD_BYTES", 8 * 1024)
+    monkeypatch.setattr(copy_fallback, "CHUNK_LEAST_TILE", 4)
+    chosen = []
+    real = copy_fallback.chunking
+
+    def spy(*args):
+        chosen.append(real(*args))
+        return chosen[-1]
+
+    monkeypatch.setattr(copy_fallback, "chunking", spy)
+    inputs, output = subscripts.split("->")
+    a, b = operands([[sizes[x] for x in term] for term in inputs.split(",")])
+    expected = np.einsum(subscripts, a, b)
+    tolerance = {"rtol": 1e-11, "atol": 1e-11}
+    np.testing.assert_allclose(teir.einsum(subscripts, a, b), expected, **tolerance)
+    assert "# no kernel layout fits" in teir.einsum_plan(subscripts, a, b).explain()
+    if label is None:
+        assert chosen[-1] is None
+        return
+    chunked, chunk = chosen[-1]
+    assert chunked == label and 1 <= chunk < sizes[label] and sizes[label] % chunk != 0
+    out = np.ones([sizes[x] for x in output])
+    for _ in range(2):
+        teir.einsum(subscripts, a, b, out=out, accumulate=True)
+    np.testing.assert_allclose(out, 2 * expected + 1, **tolerance)
+    teir.einsum(subscripts, a, b, out=out, relu=True)
+    np.testing.assert_allclose(out, np.maximum(expected, 0), **tolerance)
+    backwards = np.zeros([sizes[x] for x in output])[::-1]
+    teir.einsum(subscripts, a, b, out=backwards)
+    np.testing.assert_allclose(backwards, expected, **tolerance)
+    # Operands viewed with gaps, one of them broadcast along its first label.
+    wide_a = np.repeat(a, 2, axis=-1)[..., ::2]
+    thin_b = b[:1] if b.shape[0] > 1 else b
+    expected = np.einsum(subscripts, wide_a, np.broadcast_to(thin_b, b.shape))
+    np.testing.assert_allclose(teir.einsum(subscripts, wide_a, thin_b), expected, **tolerance)
 
 
 @st.composite
