@@ -281,3 +281,40 @@ def test_baseline_processes_start_with_the_thread_count():
         check=True,
     )
     assert child.stdout.split() == ["3", "3"]
+
+
+def test_bench_einsum_keeps_each_libraries_best_round(monkeypatch, capsys):
+    # Rounds alternate teir and the baselines, so a slow phase of the machine does not land
+    # on one library only; each case keeps its best round.
+    from teir.bench import einsum_suite
+
+    monkeypatch.setattr(
+        einsum_suite, "CONTRACTIONS", [("gemm", "ik,kj->ij", {"i": 8, "j": 8, "k": 8})]
+    )
+    monkeypatch.setattr(einsum_suite, "PERMUTATIONS", [("t", "ij->ji", {"i": 8, "j": 16})])
+    teir_times = iter([3.0, 4.0, 2.0, 5.0])  # round 1: both cases, then round 2
+
+    def time_teir(subscripts, arrays, out, threads, seconds):
+        einsum_suite.einsum(subscripts, *arrays, out=out, threads=threads)
+        return next(teir_times)
+
+    monkeypatch.setattr(einsum_suite, "_time_teir", time_teir)
+    rounds = {"numpy": iter([[6.0, None], [9.0, 8.0]]), "torch": iter([[1.0, 1.0], [3.0, 0.5]])}
+    seconds = []
+
+    def baseline(library, requests, threads, share):
+        seconds.append(share)
+        return next(rounds[library])
+
+    monkeypatch.setattr(einsum_suite, "_baseline", baseline)
+    report = einsum_suite.run("f64", seconds=0.5, threads=1, rounds=2)
+    assert seconds == [0.25] * 4
+    gemm, transpose = report["rows"]
+    assert (gemm["seconds"], gemm["numpy"], gemm["torch"]) == (2.0, 6.0, 1.0)
+    # a baseline that failed in one round keeps the rounds it ran
+    assert (transpose["seconds"], transpose["numpy"], transpose["torch"]) == (4.0, 8.0, 0.5)
+    assert gemm["speedup_numpy"] == 3.0 and transpose["speedup_torch"] == 0.125
+    assert gemm["ok"] and transpose["ok"]
+    assert "best of 2 rounds" in einsum_suite.format_report(report)
+    with pytest.raises(SystemExit, match="--rounds must be at least 1"):
+        main(["bench", "einsum", "--rounds", "0"])

@@ -5,6 +5,7 @@ baseline in a process of its own with the same thread count: ``numpy.einsum(opti
 (``np.copyto`` of the transposed view for permutations) and ``torch.einsum`` if installed.
 Contractions report GFLOP/s and the fraction of all cores' FMA peak, permutations GB/s and the
 fraction of the copy bandwidth the probe measures for the same bytes, both from this run.
+Teir and the baselines alternate in rounds (``ROUNDS``), each case keeping its best round.
 """
 
 from __future__ import annotations
@@ -119,58 +120,101 @@ def _time_teir(
     return best_seconds(lambda: einsum(subscripts, *arrays, out=out, threads=threads), seconds)
 
 
-def run(dtype: str = "f32", seconds: float = 0.3, threads: int | None = None) -> dict[str, Any]:
-    threads = threads or default_threads()
-    np_dtype = np.float32 if dtype == "f32" else np.float64
-    cases = [("contraction", *c) for c in CONTRACTIONS] + [
-        ("permutation", *p) for p in PERMUTATIONS
-    ]
-    progress = Progress(len(cases) + 3, f"bench einsum {dtype}")
-    peak = machine.peak_gflops(dtype, threads)
-    progress.step("probe")
-    rows = []
+# The cases are timed in this many rounds, each round teir and then every baseline; a case's
+# time is its best round. The machine's speed drifts over tens of seconds (2-3x on shared
+# hosts), and timing all of teir before all of NumPy turned that drift into the ratios.
+ROUNDS = 3
+
+
+def _teir_round(
+    cases: list[tuple[str, str, str, dict[str, int]]],
+    np_dtype: type,
+    threads: int,
+    seconds: float,
+    progress: Progress,
+    rows: list[dict[str, Any]] | None,
+) -> list[float | None]:
+    """One round of teir's times; on the first (``rows`` given) each result is checked
+    against NumPy and its row made."""
+    times: list[float | None] = []
     for kind, name, subscripts, sizes in cases:
-        shapes = _shapes(subscripts, sizes)
         rng = np.random.default_rng(0)
-        arrays = [rng.uniform(-1, 1, shape).astype(np_dtype) for shape in shapes]
+        arrays: list[np.ndarray] = [
+            rng.uniform(-1, 1, shape).astype(np_dtype) for shape in _shapes(subscripts, sizes)
+        ]
         out = np.empty(np.shape(einsum(subscripts, *arrays, threads=threads)), np_dtype)
-        seconds_teir = _time_teir(subscripts, arrays, out, threads, seconds)
+        times.append(_time_teir(subscripts, arrays, out, threads, seconds))
+        progress.step(name)
+        if rows is None:
+            continue
         # The check runs NumPy, whose BLAS threads then spin for a while: let them sleep
         # before the next case is timed.
         expected = np.einsum(subscripts, *arrays, optimize=True)
         time.sleep(0.1)
         error = float(np.max(np.abs(out - expected))) if out.size else 0.0
         scale = float(np.max(np.abs(expected))) if out.size else 1.0
-        ok = error <= (1e-3 if dtype == "f32" else 1e-9) * max(scale, 1.0)
-        row: dict[str, Any] = {
-            "kind": kind,
-            "name": name,
-            "subscripts": subscripts,
-            "seconds": seconds_teir,
-            "ok": ok,
+        ok = error <= (1e-3 if np_dtype is np.float32 else 1e-9) * max(scale, 1.0)
+        moved = 2 * out.nbytes
+        rows.append(
+            {"kind": kind, "name": name, "subscripts": subscripts, "ok": ok, "moved": moved}
+        )
+    return times
+
+
+def run(
+    dtype: str = "f32", seconds: float = 0.3, threads: int | None = None, rounds: int = ROUNDS
+) -> dict[str, Any]:
+    """Every case on teir and the baselines, ``seconds`` of timing per case and library
+    spread over ``rounds`` alternating rounds."""
+    threads = threads or default_threads()
+    np_dtype = np.float32 if dtype == "f32" else np.float64
+    cases = [("contraction", *c) for c in CONTRACTIONS] + [
+        ("permutation", *p) for p in PERMUTATIONS
+    ]
+    progress = Progress(rounds * (len(cases) + 2) + 1, f"bench einsum {dtype}")
+    peak = machine.peak_gflops(dtype, threads)
+    progress.step("probe")
+    requests = [(s, _shapes(s, sizes), np.dtype(np_dtype).name) for _, _, s, sizes in cases]
+    rows: list[dict[str, Any]] = []
+    best: dict[str, list[float | None]] = {}
+    share = seconds / rounds
+    for round_index in range(rounds):
+        times: dict[str, list[float | None]] = {
+            "teir": _teir_round(
+                cases, np_dtype, threads, share, progress, rows if round_index == 0 else None
+            )
         }
-        if kind == "contraction":
-            row["rate"] = _flops(subscripts, sizes) / seconds_teir / 1e9
+        for library in ("numpy", "torch"):
+            times[library] = _baseline(library, requests, threads, share)
+            progress.step(library)
+        for library, measured in times.items():
+            kept = best.setdefault(library, list(measured))
+            best[library] = [
+                min((t for t in (a, b) if t is not None), default=None)
+                for a, b in zip(kept, measured)
+            ]
+    progress.close()
+    for index, (row, (_, _, subscripts, sizes)) in enumerate(zip(rows, cases)):
+        teir_seconds = best["teir"][index]
+        assert teir_seconds is not None
+        row["seconds"] = teir_seconds
+        if row["kind"] == "contraction":
+            row["rate"] = _flops(subscripts, sizes) / teir_seconds / 1e9
             row["unit"] = "GFLOP/s"
             row["fraction"] = row["rate"] / peak
         else:
-            moved = 2 * out.nbytes
-            row["rate"] = moved / seconds_teir / 1e9
+            row["rate"] = row["moved"] / teir_seconds / 1e9
             row["unit"] = "GB/s"
-            row["fraction"] = row["rate"] / machine.copy_bandwidth(out.nbytes)
-        rows.append(row)
-        progress.step(name)
-    requests = [(s, _shapes(s, sizes), np.dtype(np_dtype).name) for _, _, s, sizes in cases]
-    for library in ("numpy", "torch"):
-        times = _baseline(library, requests, threads, seconds)
-        for row, baseline in zip(rows, times):
+            row["fraction"] = row["rate"] / machine.copy_bandwidth(row["moved"] // 2)
+        del row["moved"]
+        for library in ("numpy", "torch"):
+            baseline = best[library][index]
             row[library] = baseline
-            row[f"speedup_{library}"] = None if baseline is None else baseline / row["seconds"]
-        progress.step(library)
-    progress.close()
+            row[f"speedup_{library}"] = None if baseline is None else baseline / teir_seconds
     return {
         "dtype": dtype,
         "threads": threads,
+        "rounds": rounds,
         "peak_gflops": peak,
         "rows": rows,
         "summary": _summary(rows),
@@ -199,7 +243,8 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def format_report(report: dict[str, Any]) -> str:
     lines = [
-        f"einsum suite, {report['dtype']}, {report['threads']} threads; probe peak "
+        f"einsum suite, {report['dtype']}, {report['threads']} threads, best of "
+        f"{report['rounds']} rounds; probe peak "
         f"{report['peak_gflops']:.1f} GFLOP/s",
         "",
         f"{'case':<24} {'subscripts':<18} {'teir':>9} {'unit':<8} {'of peak':>7} "

@@ -49,7 +49,18 @@ def add_parser(commands: Any) -> None:
     suite.add_argument("--json", action="store_true", help="print the report as JSON")
     suite.add_argument("--plot", metavar="FILE.png", help="save a chart (needs matplotlib)")
     suite.add_argument(
-        "--seconds", type=float, default=0.3, help="time per measurement (default: %(default)s)"
+        "--seconds",
+        type=float,
+        default=0.3,
+        help="time per case and library, over all rounds (default: %(default)s)",
+    )
+    suite.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        metavar="N",
+        help="alternating rounds of teir and the baselines; each case keeps its best "
+        "(default: %(default)s)",
     )
     suite.add_argument("--threads", type=int, default=None, metavar="N")
     suite.set_defaults(handler=run_einsum)
@@ -91,7 +102,9 @@ def run_einsum(args: argparse.Namespace) -> int:
     from teir.bench import einsum_suite
 
     dtype = {"fp32": "f32", "fp64": "f64"}.get(args.dtype, args.dtype)
-    report = einsum_suite.run(dtype, args.seconds, args.threads)
+    if args.rounds < 1:
+        raise SystemExit("teir bench einsum: --rounds must be at least 1")
+    report = einsum_suite.run(dtype, args.seconds, args.threads, args.rounds)
     print(json.dumps(report, indent=1) if args.json else einsum_suite.format_report(report))
     if args.plot:
         einsum_suite.plot(report, args.plot)
