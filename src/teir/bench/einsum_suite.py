@@ -5,7 +5,8 @@ baseline in a process of its own with the same thread count: ``numpy.einsum(opti
 (``np.copyto`` of the transposed view for permutations) and ``torch.einsum`` if installed.
 Contractions report GFLOP/s and the fraction of all cores' FMA peak, permutations GB/s and the
 fraction of the copy bandwidth the probe measures for the same bytes, both from this run.
-Teir and the baselines alternate in rounds (``ROUNDS``), each case keeping its best round.
+Teir and the baselines alternate in rounds (``ROUNDS``), each case keeping its best round;
+the probes run in every round too, keeping their best.
 """
 
 from __future__ import annotations
@@ -133,9 +134,11 @@ def _teir_round(
     seconds: float,
     progress: Progress,
     rows: list[dict[str, Any]] | None,
+    bandwidth: dict[str, float],
 ) -> list[float | None]:
-    """One round of teir's times; on the first (``rows`` given) each result is checked
-    against NumPy and its row made."""
+    """One round of teir's times (and the copy bandwidth for each permutation, the best so
+    far kept in ``bandwidth``); on the first (``rows`` given) each result is checked against
+    NumPy and its row made."""
     times: list[float | None] = []
     for kind, name, subscripts, sizes in cases:
         rng = np.random.default_rng(0)
@@ -144,6 +147,8 @@ def _teir_round(
         ]
         out = np.empty(np.shape(einsum(subscripts, *arrays, threads=threads)), np_dtype)
         times.append(_time_teir(subscripts, arrays, out, threads, seconds))
+        if kind == "permutation":  # the probe's copy bandwidth for the same bytes, this round
+            bandwidth[name] = max(bandwidth.get(name, 0.0), machine.copy_bandwidth(out.nbytes))
         progress.step(name)
         if rows is None:
             continue
@@ -171,18 +176,19 @@ def run(
     cases = [("contraction", *c) for c in CONTRACTIONS] + [
         ("permutation", *p) for p in PERMUTATIONS
     ]
-    progress = Progress(rounds * (len(cases) + 2) + 1, f"bench einsum {dtype}")
-    peak = machine.peak_gflops(dtype, threads)
-    progress.step("probe")
+    progress = Progress(rounds * (len(cases) + 3), f"bench einsum {dtype}")
+    peak = 0.0
+    bandwidth: dict[str, float] = {}
     requests = [(s, _shapes(s, sizes), np.dtype(np_dtype).name) for _, _, s, sizes in cases]
     rows: list[dict[str, Any]] = []
     best: dict[str, list[float | None]] = {}
     share = seconds / rounds
     for round_index in range(rounds):
+        peak = max(peak, machine.peak_gflops(dtype, threads))
+        progress.step("probe")
+        first = rows if round_index == 0 else None
         times: dict[str, list[float | None]] = {
-            "teir": _teir_round(
-                cases, np_dtype, threads, share, progress, rows if round_index == 0 else None
-            )
+            "teir": _teir_round(cases, np_dtype, threads, share, progress, first, bandwidth)
         }
         for library in ("numpy", "torch"):
             times[library] = _baseline(library, requests, threads, share)
@@ -205,7 +211,7 @@ def run(
         else:
             row["rate"] = row["moved"] / teir_seconds / 1e9
             row["unit"] = "GB/s"
-            row["fraction"] = row["rate"] / machine.copy_bandwidth(row["moved"] // 2)
+            row["fraction"] = row["rate"] / bandwidth[row["name"]]
         del row["moved"]
         for library in ("numpy", "torch"):
             baseline = best[library][index]
