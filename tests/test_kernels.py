@@ -412,12 +412,17 @@ def test_unary_overlap_without_in_place_is_refused():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_streamed_c_at_every_alignment(dtype):
     """``stream_c`` kernels store C's full vectors non-temporally where C is vector-aligned
-    at run time and normally elsewhere; both give the same result and touch nothing else."""
+    at run time; C 16, 32 or 48 bytes past a boundary is swept from a shifted start with its
+    edge lanes masked, and other offsets store normally. All give the same result and touch
+    nothing else."""
     lanes = HOST.lanes(4 if dtype == "f32" else 8)
     specs, shifts = [], []
     for m, n, k, batch, ldc in (
         (4 * lanes, 9, 7, 3, 4 * lanes),
         (2 * lanes + 3, 5, 4, 1, 3 * lanes),
+        (lanes - 2, 3, 5, 2, lanes),
+        (6 * lanes, 17, 3, 1, 7 * lanes),
+        (4 * lanes + 5, 4, 6, 1, 5 * lanes),
     ):
         for trans_a in (False, True):
             lda = k if trans_a else m
@@ -437,7 +442,7 @@ def test_streamed_c_at_every_alignment(dtype):
                 beta=0,
                 stream_c=True,
             )
-            for shift in (0, 1, lanes - 1):
+            for shift in (0, 1, lanes // 4, lanes // 2, 3 * lanes // 4, lanes - 1):
                 specs.append(spec)
                 shifts.append(shift)
     functions = compile_many(specs, HOST)

@@ -26,9 +26,9 @@ def vector_type(lanes: int, itemsize: int) -> str:
 NONTEMPORAL = 0
 
 
-def mask_constant(lanes: int, active: int) -> str:
-    """A lane mask with the first ``active`` lanes on."""
-    return "<" + ", ".join(f"i1 {1 if i < active else 0}" for i in range(lanes)) + ">"
+def mask_constant(lanes: int, active: int, first: int = 0) -> str:
+    """A lane mask with lanes ``first`` to ``active - 1`` on."""
+    return "<" + ", ".join(f"i1 {1 if first <= i < active else 0}" for i in range(lanes)) + ">"
 
 
 def shuffle_mask(indices: Sequence[int]) -> str:

@@ -27,6 +27,8 @@ BLOCK_TARGETS = {4: (80, 160, 64), 8: (80, 160, 64)}
 # for the same cache sets (outer product i,j->ij at 2048: 84 GB/s against 33 GB/s).
 MEMORY_BOUND_K = 8
 STREAM_TARGETS = (2048, 8)
+# The row block target's multiple for outputs stored around the caches.
+STREAMED_ROWS = 4
 
 
 def _dummy(dim_type: DimType) -> Axis:
@@ -162,7 +164,14 @@ def contraction(problem: Problem, threads: int = 1) -> tuple[Problem, str]:
         row_block = block_size(row.size, STREAM_TARGETS[0], 16, 2 * STREAM_TARGETS[0], lanes)
         column_block = block_size(column.size, STREAM_TARGETS[1], 4, STREAM_TARGETS[1], 4)
     else:
-        row_block = lane_block(row.size, targets[0], 16, 4 * targets[0], lanes)
+        # An output too large for the caches is stored around them, whole lines at a time:
+        # longer column runs per tile leave fewer lines split between tiles, which must be
+        # stored normally when the output is not vector-aligned (TT tree's last step, out 16
+        # bytes past a boundary: M 96 -> 192 of 384, 77 -> 88 % of peak; aligned 95 % both).
+        out_bytes = itemsize * prod(a.size for a in axes if a.dim_type is not DimType.K)
+        streamed = out_bytes > 2 * cache_sizes()["L3"]
+        row_target = STREAMED_ROWS * targets[0] if streamed else targets[0]
+        row_block = lane_block(row.size, row_target, 16, 4 * row_target, lanes)
         column_block = block_size(column.size, targets[1], 8, 2 * targets[1], 4)
         other_k = [a.size for a in rest if a.dim_type is DimType.K]
         k_total = k.size if k_block < k.size else k.size * max(other_k, default=1)
