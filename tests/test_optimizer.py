@@ -367,3 +367,34 @@ def test_transposes_in_memory_move_small_tiles(dtype, monkeypatch):
 
 def _prim_sizes_all(config: teir.Config) -> list[int]:
     return [s for e, s in zip(config.exec_types, config.dim_sizes) if e is teir.ExecType.PRIM]
+
+
+@pytest.mark.parametrize(
+    ("sizes", "threads", "shared"),
+    [
+        ((25, 5, 25), 2, 2),  # 25 split 12/13 leaves a thread idle 4 %: the 5 joins (125)
+        ((64, 5), 2, 1),  # even
+        ((9, 3), 4, 2),  # 9 on 4 threads: 3/2/2/2
+        ((3, 4), 4, 2),  # fewer iterations than threads: the next loop joins
+        ((7, 1000), 1, 0),
+        ((99, 3), 2, 1),  # 50/49: within 2 %
+        ((65, 3), 2, 1),  # 33/32 is 1.5 % over even: within 2 %
+    ],
+)
+def test_shared_loops_balance_the_threads(sizes, threads, shared):
+    from teir.ir import DimType, ExecType, Primitives, PrimMain
+    from teir.optimizer.problem import Axis, Problem
+    from teir.optimizer.schedule import parallelize
+
+    primitives = Primitives(
+        teir.DataType.FP32, teir.PrimFirst.NONE, PrimMain.COPY, teir.PrimLast.NONE
+    )
+    stride = 1
+    loops = []
+    for size in reversed(sizes):
+        loops.insert(0, Axis(DimType.C, size, (stride * 16, 0, stride * 16)))
+        stride *= size
+    prim = Axis(DimType.C, 16, (1, 0, 1), ExecType.PRIM)
+    result, _ = parallelize(Problem(primitives, (*loops, prim)), threads)
+    marks = [a.exec_type is ExecType.SHARED for a in result.axes]
+    assert marks == [i < shared for i in range(len(sizes))] + [False]
