@@ -367,6 +367,7 @@ class _Emitter:
         if not shifts:
             over(col_parts, col_step, col_block, "col")
             return
+        assert overwrite is True  # streamed C is written once, by the only chunk
         misaligned = self.f.misaligned_bytes("%C", blk.lanes * spec.itemsize)
 
         def choose(remaining: list[int]) -> None:

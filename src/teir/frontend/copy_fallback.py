@@ -23,12 +23,7 @@ from math import prod
 import numpy as np
 
 from teir.frontend.einsum_parse import LETTERS
-from teir.frontend.einsum_plan import (
-    Operand,
-    Plan,
-    label_sizes,
-    placeholder,
-)
+from teir.frontend.einsum_plan import Operand, Plan, label_sizes, placeholder
 from teir.ir import ExecType, Tensor
 from teir.runtime.scratch import scratch
 
