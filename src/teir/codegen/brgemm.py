@@ -31,6 +31,7 @@ from teir.codegen.irtext import (
 from teir.codegen.shuffles import transpose_vectors
 from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target, cache_sizes
+from teir.codegen.transpose import L1_WAYS, LINE_BYTES, set_crowding
 
 K_UNROLL = 4
 # Pack A when its columns are at least this far apart, into a buffer of at most this size.
@@ -81,8 +82,17 @@ def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
         vectors, columns = (4, 4) if registers >= 32 else (3, 3)
     else:
         rows, cols = (spec.n, spec.m) if form == "mirror" else (spec.m, spec.n)
+        # The broadcast operand's columns (B's, or A's rows in the mirror form) lie this far
+        # apart; 1 element: along one line.
+        column_stride = spec.lda if form == "mirror" else (1 if spec.trans_b else spec.ldb)
         lanes, vectors, columns = _outer_block(
-            rows, cols, spec.k * spec.batch, full_lanes, registers, _half_width_is_free(target)
+            rows,
+            cols,
+            spec.k * spec.batch,
+            full_lanes,
+            registers,
+            _half_width_is_free(target),
+            column_stride * spec.itemsize,
         )
     # Chunks of the batch whose A_i and B_i fill at most half of L2 stay there while every
     # register block sweeps them. Only an operand that several blocks read counts: A_i is
@@ -123,7 +133,13 @@ def _half_width_is_free(target: Target) -> bool:
 
 
 def _outer_block(
-    rows: int, cols: int, depth: int, full_lanes: int, registers: int, half_width_free: bool
+    rows: int,
+    cols: int,
+    depth: int,
+    full_lanes: int,
+    registers: int,
+    half_width_free: bool,
+    column_bytes: int = 0,
 ) -> tuple[int, int, int]:
     """(lanes, vectors, columns) of an outer-product block, by a cost model in cycles.
 
@@ -131,6 +147,9 @@ def _outer_block(
     at least 8 FMAs in flight to hide their latency, and pays a fixed overhead plus the load
     and store of its accumulators. Blocks must fit the registers with their operands
     (accumulators + A vectors + broadcasts), else LLVM spills. Ties go to fewer accumulators.
+    The lines of the broadcast columns (``column_bytes`` apart) that one step reads must
+    not crowd an L1 set beyond its ways: FP64 80 x 60 x 64 with B's columns 4 KiB apart ran
+    at 52 % of peak in a 1 x 15 block (all 15 lines in one set) and at 95 % in 2 x 6.
     """
     best: tuple[float, int, int, int, int] | None = None
     widths = [full_lanes]
@@ -144,6 +163,8 @@ def _outer_block(
             for columns in range(2, 17):
                 accumulators = vectors * columns
                 if accumulators > 16 or accumulators + vectors + columns > registers:
+                    continue
+                if column_bytes > LINE_BYTES and set_crowding(column_bytes, columns) > L1_WAYS:
                     continue
                 row_blocks = -(-rows // (vectors * lanes))
                 col_full, col_tail = divmod(cols, columns)
