@@ -22,11 +22,8 @@ from math import prod
 
 import numpy as np
 
-from teir.codegen.brgemm import choose_blocking
-from teir.codegen.specs import BrgemmSpec
-from teir.codegen.target import Target
 from teir.frontend.einsum_parse import LETTERS
-from teir.frontend.einsum_plan import Operand, Plan, label_sizes, placeholder
+from teir.frontend.einsum_plan import Operand, Plan, label_sizes, placeholder, vector_fill
 from teir.ir import ExecType, Tensor
 from teir.runtime.scratch import scratch
 
@@ -76,18 +73,6 @@ def kernel_volume(plan: Plan) -> int:
     return prod(
         size for size, e in zip(schedule.dim_sizes, schedule.exec_types) if e is ExecType.PRIM
     )
-
-
-def vector_fill(plan: Plan) -> float:
-    """The fraction of vector lanes the plan's kernel fills along the dimension it vectorizes
-    (1 for kernels other than BRGEMM)."""
-    main = None if plan.operation is None else plan.operation.nest.main
-    if main is None or not isinstance(main.spec, BrgemmSpec):
-        return 1.0
-    spec = main.spec
-    blocking = choose_blocking(spec, Target.host())
-    along = {"dot": spec.k, "mirror": spec.n}.get(blocking.form, spec.m)
-    return along / (-(-along // blocking.lanes) * blocking.lanes)
 
 
 def fits(plan: Plan, uncopied: tuple[Tensor, ...] = ()) -> bool:
@@ -151,10 +136,9 @@ def choose(
         uncopied = tuple(t for t in Tensor if t.value not in subset)
         if product is None or not fits(product, uncopied):
             continue
-        if (
-            2 * kernel_volume(product) >= kernel_volume(everything)
-            and 2 * vector_fill(product) >= vector_fill(everything)
-        ):
+        if 2 * kernel_volume(product) >= kernel_volume(everything) and 2 * vector_fill(
+            product
+        ) >= vector_fill(everything):
             return orders, product
     return full, everything
 

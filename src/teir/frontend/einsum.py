@@ -21,7 +21,15 @@ import numpy as np
 from teir.buffers import aligned_empty
 from teir.frontend import copy_fallback
 from teir.frontend.einsum_parse import EinsumError, parse
-from teir.frontend.einsum_plan import Operand, Plan, make_plan, operand, placeholder, sum_out
+from teir.frontend.einsum_plan import (
+    Operand,
+    Plan,
+    make_plan,
+    operand,
+    placeholder,
+    sum_out,
+    vector_fill,
+)
 from teir.frontend.split_reduction import plan_split, split_views
 from teir.kernels.arrays import data_address
 from teir.runtime.arguments import as_array
@@ -102,9 +110,6 @@ def _plan(
         return found
     parsed = parse(subscripts, [a.ndim for a in arrays])
     plan, inputs = make_plan(parsed, arrays, out, accumulate, relu, threads)
-    one_thread = bool(plan.regions) and all(len(r.operation.slices) == 1 for r in plan.regions)
-    if split and one_thread and plan.canonical is None and not any(plan.reductions):
-        plan.split = plan_split(parsed, [a.shape for a in arrays], plan.dtype.itemsize, threads)
     # Operands used in place need only their address per call; the others are prepared again.
     direct = tuple(
         op.array is a and not labels
@@ -121,6 +126,15 @@ def _plan(
             return _plan(subscripts, operands, target, *options, threads, fallback=False)[0]
 
         plan.canonical, plan.product = copy_fallback.choose(plan, inputs, out, contraction)
+        main = plan.operation.nest.main if plan.operation is not None else None
+        # A plan that runs kernels as the operands lie, filling few vector lanes: the copies
+        # pay only when their kernel fills at least twice as many.
+        runs_kernels = main is not None and main.kind != "generic"
+        if runs_kernels and vector_fill(plan.product) < 2 * vector_fill(plan):
+            plan.canonical, plan.product = None, None
+    one_thread = bool(plan.regions) and all(len(r.operation.slices) == 1 for r in plan.regions)
+    if split and one_thread and plan.canonical is None and not any(plan.reductions):
+        plan.split = plan_split(parsed, [a.shape for a in arrays], plan.dtype.itemsize, threads)
     with _lock:
         if len(_plans) >= PLAN_CACHE_SIZE:
             _plans.pop(next(iter(_plans)))

@@ -15,10 +15,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import product
+from math import prod
 from typing import Any
 
 import numpy as np
 
+from teir.codegen.brgemm import choose_blocking
+from teir.codegen.specs import BrgemmSpec
+from teir.codegen.target import Target
 from teir.frontend.einsum_parse import EinsumError, Subscripts
 from teir.frontend.split_reduction import SplitReduction
 from teir.ir import Config
@@ -176,11 +180,15 @@ class Plan:
                 for name, order in zip(names, self.canonical)
                 if order is not None
             ]
-            lines.append(
-                "# no kernel layout fits the operands as they lie: "
-                + "; ".join(moves)
-                + " (innermost last)"
-            )
+            main = None if self.operation is None else self.operation.nest.main
+            if main is not None and main.kind != "generic":
+                why = (
+                    "the kernel that fits the operands as they lie fills "
+                    f"{vector_fill(self):.0%} of its vector lanes"
+                )
+            else:
+                why = "no kernel layout fits the operands as they lie"
+            lines.append(f"# {why}: " + "; ".join(moves) + " (innermost last)")
         if self.split is not None:
             lines.append(
                 f"# the operation below runs on one thread: instead, {self.split.label!r} is "
@@ -310,7 +318,14 @@ def make_plan(
         )
     assert plan.operation is not None
     main = plan.operation.nest.main
-    if len(inputs) == 2 and main is not None and main.kind == "generic":
+    elements = sum(op.array.size for op in inputs) + prod(out_shape)
+    poor = (
+        main is not None
+        and main.kind == "brgemm"
+        and plan.operation.config.flops >= POOR_FILL_INTENSITY * elements
+        and vector_fill(plan) < POOR_FILL
+    )
+    if len(inputs) == 2 and main is not None and (main.kind == "generic" or poor):
         orders = canonical_orders(inputs, output)
         already = all(
             "".join(op.labels) == order and op.array.flags.c_contiguous
@@ -319,6 +334,31 @@ def make_plan(
         if not already:  # copies into these orders fit a kernel (and are not made twice)
             plan.canonical = orders
     return plan, inputs
+
+
+# A kernel that fills less than this fraction of its vector lanes (a dot form along a unit
+# stride K of 7, FP32) has the copying fallback considered too, which is taken when its
+# kernel fills at least twice as many: cafbe,dfae->abdc (K 7 along the unit stride) 21 ->
+# 50 % of peak.
+POOR_FILL = 0.5
+# ... when it does at least this many FLOPs per element of its operands and result: below,
+# its memory traffic, which copies add to, bounds it (ij,ji-> on 300 x 470: 132 us as it
+# lies, 289 us through copies).
+POOR_FILL_INTENSITY = 8
+
+
+def vector_fill(plan: Plan) -> float:
+    """The fraction of vector lanes the plan's kernel fills along the dimension it vectorizes
+    (1 for kernels other than BRGEMM)."""
+    main = None if plan.operation is None else plan.operation.nest.main
+    if main is None or not isinstance(main.spec, BrgemmSpec):
+        return 1.0
+    spec = main.spec
+    if spec.m == spec.n == spec.k == spec.batch == 1:
+        return 1.0  # the one-element kernel: LLVM vectorizes the loops around it
+    blocking = choose_blocking(spec, Target.host())
+    along = {"dot": spec.k, "mirror": spec.n}.get(blocking.form, spec.m)
+    return along / (-(-along // blocking.lanes) * blocking.lanes)
 
 
 # Output axes longer than this with no divisor in the block range are split.
