@@ -338,8 +338,8 @@ def make_plan(
 
 # A kernel that fills less than this fraction of its vector lanes (a dot form along a unit
 # stride K of 7, FP32) has the copying fallback considered too, which is taken when its
-# kernel fills at least twice as many: cafbe,dfae->abdc (K 7 along the unit stride) 21 ->
-# 50 % of peak.
+# kernel fills at least twice as many: cafbe,dfae->abdc FP32 (K 7 along the unit stride)
+# 3.05 -> 1.35 ms, same-process A/B.
 POOR_FILL = 0.5
 # ... when it does at least this many FLOPs per element of its operands and result: below,
 # its memory traffic, which copies add to, bounds it (ij,ji-> on 300 x 470: 132 us as it
