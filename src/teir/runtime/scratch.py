@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from math import prod
 from typing import Any
 
 import numpy as np
@@ -47,7 +48,10 @@ def scratch(shapes: Sequence[tuple[int, ...]], dtype: Any) -> Iterator[list[np.n
     ((2, 3), (4,), 0)
     """
     dtype = np.dtype(dtype)
-    sizes = [_rounded(int(np.prod(s, dtype=np.int64)) * dtype.itemsize) for s in shapes]
+    # math.prod, not np.prod: this runs on every einsum call that needs a temporary, and
+    # np.prod of a tuple costs microseconds
+    counts = [prod(s) for s in shapes]
+    sizes = [_rounded(count * dtype.itemsize) for count in counts]
     total = sum(sizes)
     if total > SCRATCH_LIMIT_BYTES or not _lock.acquire(blocking=False):
         yield [aligned_empty(s, dtype) for s in shapes]
@@ -56,8 +60,7 @@ def scratch(shapes: Sequence[tuple[int, ...]], dtype: Any) -> Iterator[list[np.n
         if not _buffer or _buffer[0].size < total:
             _buffer[:] = [aligned_empty((total,), np.uint8)]
         arrays, start = [], 0
-        for shape, size in zip(shapes, sizes):
-            count = int(np.prod(shape, dtype=np.int64))
+        for shape, size, count in zip(shapes, sizes, counts):
             piece = _buffer[0][start : start + count * dtype.itemsize]
             arrays.append(piece.view(dtype).reshape(shape))
             start += size
