@@ -379,7 +379,7 @@ class ContractExpression:
         if len(operands) != len(self.shapes):
             raise EinsumError(f"expected {len(self.shapes)} operands, got {len(operands)}")
         for index, (value, shape) in enumerate(zip(operands, self.shapes)):
-            actual = tuple(np.shape(value))
+            actual = value.shape if isinstance(value, np.ndarray) else tuple(np.shape(value))
             if actual != shape:
                 raise EinsumError(
                     f"operand {index} has shape {actual}, the expression was built for {shape}"
