@@ -27,6 +27,7 @@ from teir.frontend.einsum_plan import (
     make_plan,
     operand,
     placeholder,
+    runs_kernels,
     sum_out,
     vector_fill,
 )
@@ -126,11 +127,9 @@ def _plan(
             return _plan(subscripts, operands, target, *options, threads, fallback=False)[0]
 
         plan.canonical, plan.product = copy_fallback.choose(plan, inputs, out, contraction)
-        main = plan.operation.nest.main if plan.operation is not None else None
         # A plan that runs kernels as the operands lie, filling few vector lanes: the copies
         # pay only when their kernel fills at least twice as many.
-        runs_kernels = main is not None and main.kind != "generic"
-        if runs_kernels and vector_fill(plan.product) < 2 * vector_fill(plan):
+        if runs_kernels(plan) and vector_fill(plan.product) < 2 * vector_fill(plan):
             plan.canonical, plan.product = None, None
     one_thread = bool(plan.regions) and all(len(r.operation.slices) == 1 for r in plan.regions)
     if split and one_thread and plan.canonical is None and not any(plan.reductions):

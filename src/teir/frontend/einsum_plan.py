@@ -180,8 +180,7 @@ class Plan:
                 for name, order in zip(names, self.canonical)
                 if order is not None
             ]
-            main = None if self.operation is None else self.operation.nest.main
-            if main is not None and main.kind != "generic":
+            if runs_kernels(self):
                 why = (
                     "the kernel that fits the operands as they lie fills "
                     f"{vector_fill(self):.0%} of its vector lanes"
@@ -345,6 +344,13 @@ POOR_FILL = 0.5
 # its memory traffic, which copies add to, bounds it (ij,ji-> on 300 x 470: 132 us as it
 # lies, 289 us through copies).
 POOR_FILL_INTENSITY = 8
+
+
+def runs_kernels(plan: Plan) -> bool:
+    """Whether the operation planned on the operands as they lie runs kernels (not the
+    generic scalar primitive)."""
+    main = None if plan.operation is None else plan.operation.nest.main
+    return main is not None and main.kind != "generic"
 
 
 def vector_fill(plan: Plan) -> float:

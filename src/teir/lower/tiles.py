@@ -194,7 +194,13 @@ def _streams_output(config: Config) -> bool:
     if any(s.dim_types[a] is DimType.K for a in outside):
         return False
     elements = prod(size for size, t in zip(s.dim_sizes, s.dim_types) if t is not DimType.K)
-    return elements * config.data_type.itemsize > 2 * cache_sizes()["L3"]
+    return output_outgrows_cache(elements, config.data_type.itemsize)
+
+
+def output_outgrows_cache(elements: int, itemsize: int) -> bool:
+    """Whether an output of ``elements`` is more than twice the last-level cache: no later
+    reader finds it there, so a tile written once is stored around the caches."""
+    return elements * itemsize > 2 * cache_sizes()["L3"]
 
 
 def _streams_copy(config: Config, rows: int) -> bool:

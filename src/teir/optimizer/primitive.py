@@ -14,7 +14,7 @@ from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target, cache_sizes
 from teir.ir import DimType, ExecType, PrimFirst, Primitives, PrimLast, PrimMain, Tensor
 from teir.lower.panels import panel_limit_bytes
-from teir.lower.tiles import contraction_op, copy_outgrows_cache
+from teir.lower.tiles import contraction_op, copy_outgrows_cache, output_outgrows_cache
 from teir.optimizer.problem import Axis, Problem
 from teir.optimizer.simplify import block_size, divisors, lane_block, split
 
@@ -168,8 +168,8 @@ def contraction(problem: Problem, threads: int = 1) -> tuple[Problem, str]:
         # longer column runs per tile leave fewer lines split between tiles, which must be
         # stored normally when the output is not vector-aligned (TT tree's last step, out 16
         # bytes past a boundary: M 96 -> 192 of 384, 77 -> 88 % of peak; aligned 95 % both).
-        out_bytes = itemsize * prod(a.size for a in axes if a.dim_type is not DimType.K)
-        streamed = out_bytes > 2 * cache_sizes()["L3"]
+        out_elements = prod(a.size for a in axes if a.dim_type is not DimType.K)
+        streamed = output_outgrows_cache(out_elements, itemsize)
         row_target = STREAMED_ROWS * targets[0] if streamed else targets[0]
         row_block = lane_block(row.size, row_target, 16, 4 * row_target, lanes)
         column_block = block_size(column.size, targets[1], 8, 2 * targets[1], 4)
