@@ -20,10 +20,15 @@ _names = itertools.count()
 
 
 def compile_many(
-    specs: list, target: Target, blockings: list | None = None, lanes: int | None = None
+    specs: list,
+    target: Target,
+    blockings: list | None = None,
+    lanes: int | None = None,
+    streamed: bool = False,
 ) -> list:
     """Compile all kernels in one module (unary ones ``lanes`` wide where given, else as
-    the generator chooses); returns a ctypes function per spec."""
+    the generator chooses, and as tiles of a loop nest where ``streamed``); returns a ctypes
+    function per spec."""
     module = Module()
     prefix = f"harness{next(_names)}_"
     names = []
@@ -34,7 +39,7 @@ def compile_many(
             blocking = blockings[index] if blockings else None
             brgemm_function(spec, target, module, name, blocking=blocking)
         else:
-            unary_function(spec, target, module, name, lanes=lanes)
+            unary_function(spec, target, module, name, lanes=lanes, streamed=streamed)
     addresses = jit.load_object(jit.compile_object(module.text(), target), names)
     functions = []
     for spec, name in zip(specs, names):

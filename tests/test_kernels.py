@@ -237,10 +237,13 @@ def test_unary_large_sizes():
         run_unary(spec, function, seed)
 
 
+@pytest.mark.parametrize("streamed", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_transposed_copy_at_every_alignment(dtype):
-    """The transposed kernel shifts its block grid by the arrays' run-time alignment and may
-    visit blocks along diagonals; every alignment of A and B must give the same result."""
+def test_transposed_copy_at_every_alignment(dtype, streamed):
+    """The transposed kernel shifts its block grid by the arrays' run-time alignment (B's
+    rows with masked first and last blocks) and may visit blocks along diagonals, or as a
+    tile of a loop nest (``streamed``) across B's rows; every alignment of A and B must give
+    the same result and touch nothing outside B."""
     lanes = HOST.lanes(4 if dtype == "f32" else 8)
     shapes = [
         (2 * lanes, 2 * lanes, 2 * lanes, 2 * lanes),
@@ -267,7 +270,8 @@ def test_transposed_copy_at_every_alignment(dtype):
             ):
                 specs.append(UnarySpec(dtype, op, m, n, lda=lda, ldb=ldb, trans_a=True))
                 shifts.append((shift_a, shift_b))
-    for seed, (spec, function, shift) in enumerate(zip(specs, compile_many(specs, HOST), shifts)):
+    functions = compile_many(specs, HOST, streamed=streamed)
+    for seed, (spec, function, shift) in enumerate(zip(specs, functions, shifts)):
         run_unary(spec, function, seed, shift)
 
 
@@ -450,8 +454,9 @@ def test_streamed_c_at_every_alignment(dtype):
         run_brgemm(spec, function, seed, shift)
 
 
+@pytest.mark.parametrize("in_nest", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_streamed_copies_at_every_alignment(dtype):
+def test_streamed_copies_at_every_alignment(dtype, in_nest):
     """``stream_b`` copies store B's full vectors non-temporally where they lie on vector
     boundaries at run time (transposed blocks, the body of a contiguous column) and normally
     elsewhere; every alignment gives the same result and touches nothing else."""
@@ -470,7 +475,8 @@ def test_streamed_copies_at_every_alignment(dtype):
                 specs.append(UnarySpec(dtype, op, stream_b=True, **form))
                 shifts.append(shift)
     assert all(spec.name.endswith("_stream") for spec in specs)
-    for seed, (spec, function, shift) in enumerate(zip(specs, compile_many(specs, HOST), shifts)):
+    functions = compile_many(specs, HOST, streamed=in_nest)
+    for seed, (spec, function, shift) in enumerate(zip(specs, functions, shifts)):
         run_unary(spec, function, seed, shift)
 
 

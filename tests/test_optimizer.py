@@ -289,6 +289,41 @@ def test_large_copies_stream_their_scattered_output(monkeypatch, subscripts, siz
     np.testing.assert_array_equal(out.reshape(expected.shape), expected)
 
 
+@pytest.mark.parametrize(
+    ("subscripts", "size", "dtype", "streamed"),
+    [
+        ("ijk->kji", 128, "FP32", True),  # 512-byte columns, continued by the inner loop
+        ("ijk->kji", 96, "FP32", False),  # 384-byte ones: short
+        ("ij->ji", 1000, "FP64", True),  # 250-element columns on 8000-byte rows: shifted
+        ("ij->ji", 1000, "FP32", False),  # 4000-byte rows: no line boundary for every column
+    ],
+)
+def test_long_transposed_columns_stream(monkeypatch, subscripts, size, dtype, streamed):
+    """A transposed tile's columns of 512 bytes or more stream even where the next tile
+    continues them or they end inside a line, as long as every column starts equally far
+    from a line (the kernel shifts them onto lines and masks their ends); the results equal
+    NumPy's at every offset of the output from a line."""
+    import teir.lower.tiles as tiles
+    from teir.buffers import aligned_empty
+    from teir.lower.nest import lower
+
+    monkeypatch.setattr(tiles, "cache_sizes", lambda: {"L1": 1024, "L2": 2048, "L3": 4096})
+    config = teir.optimize(_permutation(subscripts, size, dtype), threads=2)
+    main = lower(config).main
+    assert main is not None and main.spec.trans_a and main.spec.stream_b is streamed
+    ndim = len(subscripts.split("->")[0])
+    a = np.random.default_rng(2).standard_normal(size**ndim).astype(config.dtype)
+    expected = np.einsum(subscripts, a.reshape((size,) * ndim))
+    run = teir.compile(config, threads=2)
+    for shift in (0, 1, 2, 3):
+        buffer = aligned_empty((size**ndim + 8,), config.dtype)
+        buffer[:] = np.nan
+        out = buffer[shift : shift + size**ndim]
+        run(a, None, out)
+        np.testing.assert_array_equal(out.reshape(expected.shape), expected)
+        assert np.isnan(buffer[:shift]).all() and np.isnan(buffer[shift + size**ndim :]).all()
+
+
 def test_row_blocks_fill_whole_vectors():
     """Rows of 1000 FP32 elements go in blocks of 125 (8 vectors, 3 padding lanes), not of
     100 (7 vectors, 12 padding lanes); sizes with a multiple of the lanes keep it."""
@@ -347,22 +382,48 @@ def test_row_blocks_keep_the_packed_panel_within_its_buffer(dtype, rows, monkeyp
 
 
 @pytest.mark.parametrize("dtype", ["FP32", "FP64"])
-def test_transposes_in_memory_move_small_tiles(dtype, monkeypatch):
-    """A transpose whose tensors fill the last-level cache moves 16 x 16 tiles; one that
-    fits moves 64 x 64; both equal NumPy."""
+def test_transposes_in_memory_move_long_tiles(dtype, monkeypatch):
+    """A transpose whose tensors fill the last-level cache moves tiles of 256 elements along
+    the output's unit stride and 128 along in0's, stored around the caches; one that fits
+    moves 64 x 64. Both equal NumPy, also into an output 16 bytes off a cache line (NumPy's
+    usual offset for large arrays)."""
     import teir.lower.tiles as tiles
+    from teir.buffers import aligned_empty
+    from teir.lower.nest import lower
 
-    config = _permutation("ijk->kji", 64, dtype)
-    assert sorted(_prim_sizes_all(teir.optimize(config, threads=1))) == [64, 64]
-    caches = {"L1": 32 * 1024, "L2": 256 * 1024, "L3": 1024 * 1024}  # 2 x 1-2 MiB >= "L3"
+    config = _permutation("ij->ji", 1024, dtype)
+
+    def tile(scheduled: teir.Config) -> dict[str, int]:
+        """The primitive's sizes along out's unit stride and in0's."""
+        prims = [
+            (size, scheduled.strides_in0[i], scheduled.strides_out[i])
+            for i, (e, size) in enumerate(zip(scheduled.exec_types, scheduled.dim_sizes))
+            if e is teir.ExecType.PRIM
+        ]
+        return {
+            "out": next(size for size, _, s_out in prims if s_out == 1),
+            "in0": next(size for size, s_in, _ in prims if s_in == 1),
+        }
+
+    assert tile(teir.optimize(config, threads=1)) == {"out": 64, "in0": 64}
+    caches = {"L1": 32 * 1024, "L2": 256 * 1024, "L3": 1024 * 1024}  # 2 x 4-8 MiB >= "L3"
     monkeypatch.setattr(tiles, "cache_sizes", lambda: caches)
-    small_tiles = teir.optimize(config, threads=1)
-    assert sorted(_prim_sizes_all(small_tiles)) == [16, 16]
-    source = np.random.default_rng(0).standard_normal(64**3).astype(small_tiles.dtype)
-    out = np.empty_like(source)
-    teir.compile(small_tiles, threads=2)(source, None, out)
-    expected = source.reshape(64, 64, 64).transpose(2, 1, 0)
-    np.testing.assert_array_equal(out.reshape(64, 64, 64), expected)
+    long_tiles = teir.optimize(config, threads=1)
+    assert tile(long_tiles) == {"out": 256, "in0": 128}
+    main = lower(long_tiles).main
+    assert main is not None and main.spec.stream_b
+    itemsize = long_tiles.data_type.itemsize
+    source = np.random.default_rng(0).standard_normal(1024**2).astype(long_tiles.dtype)
+    run = teir.compile(long_tiles, threads=2)
+    expected = source.reshape(1024, 1024).T
+    for offset in (0, 16):
+        buffer = aligned_empty((1024**2 + 16,), long_tiles.dtype)
+        buffer[:] = 7.0
+        out = buffer[offset // itemsize : offset // itemsize + 1024**2]
+        run(source, None, out)
+        np.testing.assert_array_equal(out.reshape(1024, 1024), expected)
+        assert np.all(buffer[: offset // itemsize] == 7.0)
+        assert np.all(buffer[offset // itemsize + 1024**2 :] == 7.0)
 
 
 def _prim_sizes_all(config: teir.Config) -> list[int]:

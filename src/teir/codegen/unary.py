@@ -223,13 +223,14 @@ def unary_function(
 ) -> None:
     """Add the kernel ``void name(ptr A, ptr B)`` for ``spec`` to ``module`` (A is ignored by
     Zero and the in-place ReLU). ``streamed`` marks a tile of a loop nest whose data comes
-    from memory rather than being hot in cache: transposes then skip their in-cache tuning."""
+    from memory rather than being hot in cache: transposes then skip their in-cache tuning
+    and cross the tile in rows of blocks."""
     if spec.trans_a and lanes is None:
         full = target.lanes(spec.itemsize)
         lanes = full if streamed else transpose_lanes(spec, full)
     emitter = _UnaryEmitter(spec, target, module, name, linkage, attributes, lanes)
     if spec.trans_a:
-        emit_transposed(emitter, diagonals=not streamed)
+        emit_transposed(emitter, streamed)
         emitter.f.finish()
     else:
         emitter.emit_columns()

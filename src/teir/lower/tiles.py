@@ -203,27 +203,46 @@ def output_outgrows_cache(elements: int, itemsize: int) -> bool:
     return elements * itemsize > 2 * cache_sizes()["L3"]
 
 
-def _streams_copy(config: Config, rows: int) -> bool:
-    """Whether a Copy/ReLU whose tile has columns of ``rows`` elements should store its
-    output around the caches (measured on the permutation suite, 2 cores):
+# columns at least this long stream even where the next tile continues them (_streams_copy):
+# the transposed kernel shifts rows of 8 or more 64-byte vectors onto line boundaries
+LONG_COLUMN_BYTES = 512
+
+
+def _streams_copy(config: Config, rows: int, ldb: int, transposed: bool) -> bool:
+    """Whether a Copy/ReLU whose tile has columns of ``rows`` elements, ``ldb`` apart (read
+    from in0 ``transposed`` or not), should store its output around the caches (measured on
+    the permutation suite, 2 cores):
 
     - input and output together fill the last-level cache, so the output would not stay
       there for a later reader anyway (and nothing reads it back: no last-touch op);
     - a column is whole cache lines, so no line is shared with the next tile's regular
-      stores (24^5 ijklm->mlkji, 96-byte columns: 24 -> 21 GB/s streamed);
-    - the innermost loop does not continue the columns: a tile that extends the previous
+      stores (24^5 ijklm->mlkji, 96-byte columns: 24 -> 21 GB/s streamed), or a long
+      transposed one (below) on line-aligned columns: only its masked end vectors, stored
+      normally, touch the lines it shares (ij->ji 1000 x 4096 FP64, 250-element columns:
+      32 -> 54 GB/s streamed);
+    - the innermost loop does not continue short columns: a tile that extends the previous
       one's columns is written as sequential streams the caches already handle well
       (ijkl->ljki 48^4: 21 -> 18 GB/s streamed), while scattered columns gain the most
-      (ijk->ikj: 34 -> 48, ijkl->lkji 48^4: 30 -> 34, 64^4: 18 -> 22 GB/s).
+      (ijk->ikj: 34 -> 48, ijkl->lkji 48^4: 30 -> 34, 64^4: 18 -> 22 GB/s). Columns of
+      LONG_COLUMN_BYTES or more stream either way: a transposed tile's are stored in
+      aligned whole lines whatever the output's alignment (ijk->kji 256x256x64 FP32, one
+      256-element column per tile: 22 -> 37 GB/s streamed).
     """
     if config.prim_last is not PrimLast.NONE:
         return False
-    if (rows * config.data_type.itemsize) % LINE_BYTES:
+    itemsize = config.data_type.itemsize
+    # a long transposed column on line-aligned leading dimensions is shifted onto the lines
+    # by the kernel, whose masked end vectors are the only stores to lines it shares
+    shifted = (
+        transposed and rows * itemsize >= LONG_COLUMN_BYTES and (ldb * itemsize) % LINE_BYTES == 0
+    )
+    if (rows * itemsize) % LINE_BYTES and not shifted:
         return False
     s = config.schedule
     prims = s.prim_axes
     loops = [a for a in range(len(s.dim_types)) if a not in prims and s.dim_sizes[a] > 1]
-    if loops and abs(s.strides(Tensor.OUT)[loops[-1]]) == rows:
+    short = rows * itemsize < LONG_COLUMN_BYTES
+    if short and loops and abs(s.strides(Tensor.OUT)[loops[-1]]) == rows:
         return False
     return copy_outgrows_cache(prod(s.dim_sizes), config.data_type.itemsize)
 
@@ -297,7 +316,7 @@ def unary_op(config: Config, op: UnaryOp, in_place: bool) -> TileOp:
             ldb,
             trans_a,
             in_place and op is UnaryOp.RELU,
-            stream_b=reads and _streams_copy(config, m),
+            stream_b=reads and _streams_copy(config, m, ldb, trans_a),
         )
     except KernelError:
         return _generic(config, generic_op, axes, "leading dimensions let columns overlap")

@@ -252,17 +252,24 @@ def unary(problem: Problem) -> tuple[Problem, str]:
     loops: list[Axis] = []
     prims: list[Axis] = []
     l2 = cache_sizes()["L2"]
-    # A transpose between DRAM buffers moves 16 x 16 tiles: fewer rows of each tensor in
-    # flight at once (2 threads, same arrays: ij->ji 2048^2 FP64 12 -> 27 GB/s, ijk->kji
-    # 256x256x64 FP32 29 -> 38, ijk->ikj 26 -> 38); within the caches, 64 x 64 (ij->ji
-    # 1000^2 FP32: 84 GB/s against 54 with 16 x 16).
+    # A transpose between DRAM buffers moves tiles long along the output's unit stride and
+    # a few lines wide along in0's: the kernel crosses them in rows of blocks, so in0 is
+    # read a few lines at a time from one vector's width of rows, and a misaligned output
+    # gets whole-line streaming stores with only each row's two end vectors masked. Against
+    # 16 x 16 tiles (2 threads, NumPy's 16-byte offsets on both arrays): ij->ji 2048^2 FP32
+    # 32 -> 42 GB/s, FP64 30 -> 46, ijk->kji 256x256x64 FP64 28 -> 50, ij->ji 4000x3000
+    # FP32 22 -> 37. Within the caches, 64 x 64 (ij->ji 1000^2 FP32: 84 GB/s against 54
+    # with 16 x 16).
     in_memory = copy_outgrows_cache(prod(a.size for a in axes), itemsize)
-    transpose_tile = (16, 8, 32) if in_memory else (64, 16, 256)
+    # (target, least, most) elements along the output's unit stride (the row) and in0's
+    transpose_tiles = {True: (256, 128, 512), False: (128, 64, 256)}
+    if not in_memory:
+        transpose_tiles = {True: (64, 16, 256), False: (64, 16, 256)}
     for axis, is_row in ((row, True), (column, False)):
         if axis is None:
             continue
         if transposed:
-            target, low, high = transpose_tile
+            target, low, high = transpose_tiles[is_row]
             block = block_size(axis.size, target, low, high, 16)
         elif is_row:
             block = axis.size
