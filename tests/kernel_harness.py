@@ -163,20 +163,24 @@ def run_unary(
     used_b = matrix_mask(eb, spec.m, spec.n, spec.ldb)
     b = guarded(rng.uniform(-1, 1, eb).astype(dtype), used_b, 7.25, shifts[1])
     before = b.full.copy()
-    if spec.reads_a:
+    if spec.reads_a and spec.trans_a:
+        # A's rows where spec.a_row puts them (in runs or lda apart), each n long
         ea = spec.extent_a()
-        rows, cols = (spec.n, spec.m) if spec.trans_a else (spec.m, spec.n)
+        at = np.array([spec.a_row(r) for r in range(spec.m)])[:, None] + np.arange(spec.n)
+        used_a = np.zeros(ea, dtype=bool)
+        used_a[at.ravel()] = True
+        a = guarded(rng.uniform(-1, 1, ea).astype(dtype), used_a, np.nan, shifts[0])
+        source = a.data[at]
+        function(a.address, b.address)
+    elif spec.reads_a:
+        ea = spec.extent_a()
         a = guarded(
             rng.uniform(-1, 1, ea).astype(dtype),
-            matrix_mask(ea, rows, cols, spec.lda),
+            matrix_mask(ea, spec.m, spec.n, spec.lda),
             np.nan,
             shifts[0],
         )
-        source = (
-            view(a.data, 0, spec.m, spec.n, spec.lda, 1)
-            if spec.trans_a
-            else view(a.data, 0, spec.m, spec.n, 1, spec.lda)
-        )
+        source = view(a.data, 0, spec.m, spec.n, 1, spec.lda)
         function(a.address, b.address)
     else:
         source = view(before[PAD:], 0, spec.m, spec.n, 1, spec.ldb)

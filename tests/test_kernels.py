@@ -275,6 +275,54 @@ def test_transposed_copy_at_every_alignment(dtype, streamed):
         run_unary(spec, function, seed, shift)
 
 
+@pytest.mark.parametrize("streamed", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_transposed_rows_in_runs(dtype, streamed):
+    """A transposed A whose rows lie in runs of ``m_inner`` (two axes contiguous in B but not
+    in A) fills B's long columns at every alignment, runs shorter or longer than a vector
+    and blocks that cross runs included, touching nothing outside B."""
+    lanes = HOST.lanes(4 if dtype == "f32" else 8)
+    forms = [  # m_inner, runs, n, lda, lda_outer, ldb
+        (lanes * 3, 4, 2 * lanes, 3 * lanes, 10 * lanes * lanes, 12 * lanes),
+        (12, 16, 16, 20, 300, 192),  # runs of 12 (shorter than 16 lanes)
+        (5, 40, 7, 9, 50, 200),  # odd runs, A narrower than a vector
+        (lanes + 3, 9, lanes + 1, 2 * lanes, 40 * lanes, 9 * (lanes + 3) + 5),
+    ]
+    specs, shifts = [], []
+    for m_inner, runs, n, lda, lda_outer, ldb in forms:
+        for op, stream in ((UnaryOp.COPY, False), (UnaryOp.RELU, False), (UnaryOp.COPY, True)):
+            for shift in ((0, 0), (1, lanes - 1), (0, 3), (lanes // 2, 0)):
+                specs.append(
+                    UnarySpec(
+                        dtype,
+                        op,
+                        m_inner * runs,
+                        n,
+                        lda,
+                        ldb,
+                        trans_a=True,
+                        stream_b=stream,
+                        m_inner=m_inner,
+                        lda_outer=lda_outer,
+                    )
+                )
+                shifts.append(shift)
+    functions = compile_many(specs, HOST, streamed=streamed)
+    for seed, (spec, function, shift) in enumerate(zip(specs, functions, shifts)):
+        run_unary(spec, function, seed, shift)
+
+
+def test_rows_in_runs_are_checked():
+    with pytest.raises(KernelError, match="m_inner must divide"):
+        UnarySpec("f32", UnaryOp.COPY, 10, 4, trans_a=True, m_inner=3, lda_outer=40)
+    with pytest.raises(KernelError, match="transposed"):
+        UnarySpec("f32", UnaryOp.COPY, 10, 4, m_inner=5, lda_outer=40)
+    with pytest.raises(KernelError, match="lda_outer"):
+        UnarySpec("f32", UnaryOp.COPY, 10, 4, trans_a=True, m_inner=5, lda_outer=2)
+    with pytest.raises(KernelError, match="without m_inner"):
+        UnarySpec("f32", UnaryOp.COPY, 10, 4, trans_a=True, lda_outer=40)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_contiguous_unary_at_every_alignment(dtype):
     """A contiguous B is swept as one column whose stores start at B's first vector boundary,

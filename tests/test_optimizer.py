@@ -293,7 +293,7 @@ def test_large_copies_stream_their_scattered_output(monkeypatch, subscripts, siz
     ("subscripts", "size", "dtype", "streamed"),
     [
         ("ijk->kji", 128, "FP32", True),  # 512-byte columns, continued by the inner loop
-        ("ijk->kji", 96, "FP32", False),  # 384-byte ones: short
+        ("ijkl->lkji", 24, "FP32", False),  # 96-byte ones, not joined by the next axis
         ("ij->ji", 1000, "FP64", True),  # 250-element columns on 8000-byte rows: shifted
         ("ij->ji", 1000, "FP32", False),  # 4000-byte rows: no line boundary for every column
     ],
@@ -313,6 +313,43 @@ def test_long_transposed_columns_stream(monkeypatch, subscripts, size, dtype, st
     assert main is not None and main.spec.trans_a and main.spec.stream_b is streamed
     ndim = len(subscripts.split("->")[0])
     a = np.random.default_rng(2).standard_normal(size**ndim).astype(config.dtype)
+    expected = np.einsum(subscripts, a.reshape((size,) * ndim))
+    run = teir.compile(config, threads=2)
+    for shift in (0, 1, 2, 3):
+        buffer = aligned_empty((size**ndim + 8,), config.dtype)
+        buffer[:] = np.nan
+        out = buffer[shift : shift + size**ndim]
+        run(a, None, out)
+        np.testing.assert_array_equal(out.reshape(expected.shape), expected)
+        assert np.isnan(buffer[:shift]).all() and np.isnan(buffer[shift + size**ndim :]).all()
+
+
+@pytest.mark.parametrize(
+    ("subscripts", "dtype", "runs"),
+    [
+        ("ijkl->ljki", "FP32", True),  # rows of A along k follow each other in memory
+        ("ijklm->ikmjl", "FP64", True),  # along l
+        ("ijkl->lkji", "FP32", False),  # scattered along both i and j
+    ],
+)
+def test_short_transposed_rows_join_the_next_axis(monkeypatch, subscripts, dtype, runs):
+    """A transpose between buffers in memory whose output rows are short takes the axis that
+    continues them in the output into the tile, so that the kernel stores long columns and
+    reads in0 in runs of rows, where those runs follow each other in in0; results equal
+    NumPy's at every offset of the output from a line."""
+    import teir.lower.tiles as tiles
+    from teir.buffers import aligned_empty
+    from teir.lower.nest import lower
+
+    monkeypatch.setattr(tiles, "cache_sizes", lambda: {"L1": 1024, "L2": 2048, "L3": 4096})
+    size = 16 if dtype == "FP32" else 8
+    config, log = teir.optimize_with_log(_permutation(subscripts, size, dtype), threads=2)
+    main = lower(config).main
+    assert main is not None and main.spec.trans_a
+    assert bool(main.spec.m_inner) is runs
+    assert any("read from in0 in runs" in line for line in log) is runs
+    ndim = len(subscripts.split("->")[0])
+    a = np.random.default_rng(3).standard_normal(size**ndim).astype(config.dtype)
     expected = np.einsum(subscripts, a.reshape((size,) * ndim))
     run = teir.compile(config, threads=2)
     for shift in (0, 1, 2, 3):

@@ -126,6 +126,10 @@ class UnarySpec:
     """``B := op(A)`` on an m x n column-major B (``ldb``); A is m x n column-major (``lda``)
     or, with ``trans_a``, n x m (B = op(A^T)). ``in_place`` ReLU reads and writes B only.
     Zero reads nothing. ``stream_b`` stores B's vector-aligned full vectors around the caches.
+
+    A transposed A may lie in runs (``m_inner``): its rows come ``m_inner`` at a time ``lda``
+    apart, run q starting at ``q * lda_outer`` (two axes that are contiguous in B but not
+    in A, such as i and j of ``ijkl->lkji``), so that B's columns are long.
     """
 
     dtype: str
@@ -137,6 +141,8 @@ class UnarySpec:
     trans_a: bool = False
     in_place: bool = False
     stream_b: bool = False
+    m_inner: int = 0
+    lda_outer: int = 0
 
     def __post_init__(self) -> None:
         _itemsize(self.dtype)
@@ -161,6 +167,16 @@ class UnarySpec:
             if self.lda == 0:
                 object.__setattr__(self, "lda", rows)
             _check_at_least("lda", self.lda, rows, "the extent of a column of A")
+        if self.m_inner:
+            if not self.trans_a:
+                raise KernelError("runs of A's rows (m_inner) need a transposed A")
+            if not 0 < self.m_inner < self.m or self.m % self.m_inner:
+                raise KernelError(
+                    f"m_inner must divide m = {self.m} and be smaller; got {self.m_inner}"
+                )
+            _check_at_least("lda_outer", self.lda_outer, self.n, "the extent of a column of A")
+        elif self.lda_outer:
+            raise KernelError("lda_outer is set without m_inner")
 
     @property
     def itemsize(self) -> int:
@@ -174,7 +190,17 @@ class UnarySpec:
         if not self.reads_a:
             return 0
         rows, cols = (self.n, self.m) if self.trans_a else (self.m, self.n)
+        if self.m_inner:
+            runs = self.m // self.m_inner
+            return (runs - 1) * self.lda_outer + (self.m_inner - 1) * self.lda + rows
         return (cols - 1) * self.lda + rows
+
+    def a_row(self, row: int) -> int:
+        """The element offset of A's ``row`` (of m) for a transposed A."""
+        if not self.m_inner:
+            return row * self.lda
+        run, within = divmod(row, self.m_inner)
+        return run * self.lda_outer + within * self.lda
 
     def extent_b(self) -> int:
         return (self.n - 1) * self.ldb + self.m
@@ -189,7 +215,8 @@ class UnarySpec:
     def name(self) -> str:
         kind = "inplace" if self.in_place else ("t" if self.trans_a else "n")
         stream = "_stream" if self.stream_b else ""
+        runs = f"_runs{self.m_inner}x{self.lda_outer}" if self.m_inner else ""
         return (
             f"unary_{self.op.value}_{self.dtype}_{self.m}x{self.n}_{kind}_{self.lda}_{self.ldb}"
-            f"{stream}"
+            f"{runs}{stream}"
         )

@@ -34,6 +34,7 @@ shorter than a vector uses compile-time masks.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -201,7 +202,7 @@ class _Transpose:
             row = f.assign(f"add i64 {i0}, {ii}", "i")
             row = f.assign(f"call i64 @llvm.smax.i64(i64 {row}, i64 0)", "i")
             row = f.assign(f"call i64 @llvm.smin.i64(i64 {row}, i64 {spec.m - 1})", "i")
-            vectors.append(e.load("%A", f.add_i64(j0, f.mul_i64(row, spec.lda)), cols))
+            vectors.append(e.load("%A", f.add_i64(j0, e.a_row(row)), cols))
         columns = e.transpose(vectors)
         for jj in range(cols):
             offset = f.add_i64(i0, f.mul_i64(f.add_i64(j0, jj), spec.ldb))
@@ -220,8 +221,7 @@ class _Transpose:
             e.constant_edge_block(i0, j0, rows, cols)
             return
         vectors = [
-            e.load("%A", f.add_i64(j0, f.mul_i64(f.add_i64(i0, ii), spec.lda)), lanes)
-            for ii in range(lanes)
+            e.load("%A", f.add_i64(j0, e.a_row(f.add_i64(i0, ii))), lanes) for ii in range(lanes)
         ]
         columns = [e.apply(column) for column in e.transpose(vectors)]
 
@@ -240,13 +240,34 @@ class _Transpose:
         else:
             store(False)
 
+    def run_by_run(self, cols: _Axis) -> None:
+        """A transposed A in runs onto a vector-aligned B, one run after the other."""
+        f, spec, lanes = self.f, self.spec, self.lanes
+
+        def one_run(q: str) -> None:
+            def row_of_blocks(ib: str) -> None:
+                i0 = f.add_i64(f.mul_i64(q, spec.m_inner), f.mul_i64(ib, lanes))
+                self.for_range(
+                    cols.count,
+                    lambda jb: self.inner_block(i0, self.start(cols, jb), lanes, lanes, True),
+                    "jb",
+                )
+                if cols.tail:
+                    self.inner_block(i0, cols.tail_start, lanes, cols.tail, True)
+
+            self.for_range(spec.m_inner // lanes, row_of_blocks, "ib")
+
+        f.range_loop(0, spec.m // spec.m_inner, one_run, "run")
+
     # ---- traversal ------------------------------------------------------------------------------
     def emit(self) -> None:
         spec, f = self.spec, self.f
         self.e.module.declare("smax.i64", "declare i64 @llvm.smax.i64(i64, i64)")
         self.e.module.declare("smin.i64", "declare i64 @llvm.smin.i64(i64, i64)")
         rows = self.axis(spec.m, "%B", spec.ldb)
-        cols = self.axis(spec.n, "%A", spec.lda, shift=not self.streamed)
+        # A's rows keep their alignment where both of its leading dimensions do
+        lda = math.gcd(spec.lda, spec.lda_outer) if spec.m_inner else spec.lda
+        cols = self.axis(spec.n, "%A", lda, shift=not self.streamed)
         # B's rows are shifted with masked first and last blocks, A's columns with clamped
         # overlapping ones: a clamped block of B mixes regular and streaming stores on the
         # lines it shares with its neighbour, which collapsed 128 x 16 FP32 tiles of a
@@ -280,12 +301,28 @@ class _Transpose:
         if self.streamed:
             # across B's rows of blocks, each along A's rows: A read as runs of a few lines
             # from `lanes` rows at a time, B's shifted rows streamed in whole lines
-            self.for_range(
-                rows.count,
-                lambda ib: self.for_range(cols.count, lambda jb: at(ib, jb), "jb"),
-                "ib",
-            )
-            tails()
+            def shifted() -> None:
+                self.for_range(
+                    rows.count,
+                    lambda ib: self.for_range(cols.count, lambda jb: at(ib, jb), "jb"),
+                    "ib",
+                )
+                tails()
+
+            if (
+                self.masked_rows
+                and spec.m_inner
+                and spec.stream_b
+                and not (spec.m_inner * spec.itemsize % self.vector_bytes)
+            ):
+                # B on a vector boundary: every run of A's rows fills whole vectors of B, so
+                # the runs go one after the other, A read from one run's rows at a time
+                # (ijkl->ljki 48^4 FP64 aligned: 40 GB/s across runs, 47 run by run)
+                misaligned = f.misaligned_bytes("%B", self.vector_bytes)
+                aligned = f.assign(f"icmp eq i64 {misaligned}, 0", "c")
+                f.when(aligned, lambda: self.run_by_run(cols), shifted)
+            else:
+                shifted()
             return
         tile = diagonal_tile(
             spec.lda * spec.itemsize, rows.least_count, cols.least_count, self.lanes

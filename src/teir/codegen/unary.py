@@ -192,6 +192,15 @@ class _UnaryEmitter:
         f.when(f.assign(f"icmp ne i64 {rest}, 0", "c"), tail)
 
     # ---- transposed blocks ----------------------------------------------------------------
+    def a_row(self, row: str | int) -> str | int:
+        """The element offset of a transposed A's ``row`` (``row >= 0``), in runs or not."""
+        spec, f = self.spec, self.f
+        if isinstance(row, int) or not spec.m_inner:
+            return spec.a_row(row) if isinstance(row, int) else f.mul_i64(row, spec.lda)
+        run = f.assign(f"udiv i64 {row}, {spec.m_inner}", "i")
+        within = f.assign(f"urem i64 {row}, {spec.m_inner}", "i")
+        return f.add_i64(f.mul_i64(run, spec.lda_outer), f.mul_i64(within, spec.lda))
+
     def transpose(self, rows: list[str]) -> list[str]:
         return transpose_vectors(self.f, rows, self.lanes, self.spec.itemsize)
 
@@ -201,7 +210,7 @@ class _UnaryEmitter:
         vectors = []
         for ii in range(lanes):
             if ii < rows_i:
-                offset = f.add_i64(j0, f.mul_i64(f.add_i64(i0, ii), spec.lda))
+                offset = f.add_i64(j0, self.a_row(f.add_i64(i0, ii)))
                 vectors.append(self.load("%A", offset, cols_j))
             else:
                 vectors.append("zeroinitializer")

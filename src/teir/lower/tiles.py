@@ -269,6 +269,24 @@ def _fuse(axes: list[_Axis], tensors: tuple[Tensor, ...]) -> list[_Axis]:
     return fused
 
 
+def _runs(fused: list[_Axis]) -> _Axis | None:
+    """The transposed tile's output column when it spans two axes: the row (out's unit
+    stride) and the next axis, which continues it in out but not in in0, whose unit stride
+    is on the axis after them. Returned as one axis of their total size whose in0 stride is
+    the outer axis's (the kernel reads in0's rows in runs of the row's size); None otherwise."""
+    out, src = Tensor.OUT.value, Tensor.IN0.value
+    if len(fused) < 3:
+        return None
+    row, outer, column = fused[0], fused[1], fused[2]
+    if outer.strides[out] != row.size or column.strides[src] != 1:
+        return None
+    if row.strides[src] <= 1 or outer.strides[src] <= 1:
+        return None
+    strides = list(outer.strides)
+    strides[out] = 1
+    return _Axis(row.size * outer.size, (strides[0], strides[1], strides[2]), row.dim_type)
+
+
 def unary_op(config: Config, op: UnaryOp, in_place: bool) -> TileOp:
     """Zero or in-place ReLU on the output tile (``in_place``), or Copy/ReLU from in0."""
     s = config.schedule
@@ -290,12 +308,15 @@ def unary_op(config: Config, op: UnaryOp, in_place: bool) -> TileOp:
     row = fused[0]
     if row.strides[out] != 1:
         return _generic(config, generic_op, axes, "out has no unit stride in the tile")
+    reads = op is not UnaryOp.ZERO and not in_place
+    runs = _runs(fused) if reads else None
+    if runs is not None:  # out's column spans two axes, read from in0 in runs
+        fused = [runs, *fused[2:]]
     column = fused[1] if len(fused) > 1 else None
     loops = tuple(TileLoop(a.size, a.strides) for a in reversed(fused[2:]))
-    m = row.size
+    m = row.size if runs is None else runs.size
     n = column.size if column else 1
     ldb = column.strides[out] if column else m
-    reads = op is not UnaryOp.ZERO and not in_place
     trans_a, lda = False, 0
     if reads:
         if row.strides[src] == 1:
@@ -317,6 +338,8 @@ def unary_op(config: Config, op: UnaryOp, in_place: bool) -> TileOp:
             trans_a,
             in_place and op is UnaryOp.RELU,
             stream_b=reads and _streams_copy(config, m, ldb, trans_a),
+            m_inner=0 if runs is None else row.size,
+            lda_outer=0 if runs is None else fused[0].strides[src],
         )
     except KernelError:
         return _generic(config, generic_op, axes, "leading dimensions let columns overlap")
