@@ -289,6 +289,24 @@ def test_large_copies_stream_their_scattered_output(monkeypatch, subscripts, siz
     np.testing.assert_array_equal(out.reshape(expected.shape), expected)
 
 
+def _check_permutation_at_every_offset(config: teir.Config, subscripts: str, size: int) -> None:
+    """The compiled permutation equals NumPy's into outputs 0-3 elements past a line,
+    writing nothing around them."""
+    from teir.buffers import aligned_empty
+
+    ndim = len(subscripts.split("->")[0])
+    a = np.random.default_rng(2).standard_normal(size**ndim).astype(config.dtype)
+    expected = np.einsum(subscripts, a.reshape((size,) * ndim))
+    run = teir.compile(config, threads=2)
+    for shift in (0, 1, 2, 3):
+        buffer = aligned_empty((size**ndim + 8,), config.dtype)
+        buffer[:] = np.nan
+        out = buffer[shift : shift + size**ndim]
+        run(a, None, out)
+        np.testing.assert_array_equal(out.reshape(expected.shape), expected)
+        assert np.isnan(buffer[:shift]).all() and np.isnan(buffer[shift + size**ndim :]).all()
+
+
 @pytest.mark.parametrize(
     ("subscripts", "size", "dtype", "streamed"),
     [
@@ -304,24 +322,13 @@ def test_long_transposed_columns_stream(monkeypatch, subscripts, size, dtype, st
     from a line (the kernel shifts them onto lines and masks their ends); the results equal
     NumPy's at every offset of the output from a line."""
     import teir.lower.tiles as tiles
-    from teir.buffers import aligned_empty
     from teir.lower.nest import lower
 
     monkeypatch.setattr(tiles, "cache_sizes", lambda: {"L1": 1024, "L2": 2048, "L3": 4096})
     config = teir.optimize(_permutation(subscripts, size, dtype), threads=2)
     main = lower(config).main
     assert main is not None and main.spec.trans_a and main.spec.stream_b is streamed
-    ndim = len(subscripts.split("->")[0])
-    a = np.random.default_rng(2).standard_normal(size**ndim).astype(config.dtype)
-    expected = np.einsum(subscripts, a.reshape((size,) * ndim))
-    run = teir.compile(config, threads=2)
-    for shift in (0, 1, 2, 3):
-        buffer = aligned_empty((size**ndim + 8,), config.dtype)
-        buffer[:] = np.nan
-        out = buffer[shift : shift + size**ndim]
-        run(a, None, out)
-        np.testing.assert_array_equal(out.reshape(expected.shape), expected)
-        assert np.isnan(buffer[:shift]).all() and np.isnan(buffer[shift + size**ndim :]).all()
+    _check_permutation_at_every_offset(config, subscripts, size)
 
 
 @pytest.mark.parametrize(
@@ -338,7 +345,6 @@ def test_short_transposed_rows_join_the_next_axis(monkeypatch, subscripts, dtype
     reads in0 in runs of rows, where those runs follow each other in in0; results equal
     NumPy's at every offset of the output from a line."""
     import teir.lower.tiles as tiles
-    from teir.buffers import aligned_empty
     from teir.lower.nest import lower
 
     monkeypatch.setattr(tiles, "cache_sizes", lambda: {"L1": 1024, "L2": 2048, "L3": 4096})
@@ -348,17 +354,7 @@ def test_short_transposed_rows_join_the_next_axis(monkeypatch, subscripts, dtype
     assert main is not None and main.spec.trans_a
     assert bool(main.spec.m_inner) is runs
     assert any("read from in0 in runs" in line for line in log) is runs
-    ndim = len(subscripts.split("->")[0])
-    a = np.random.default_rng(3).standard_normal(size**ndim).astype(config.dtype)
-    expected = np.einsum(subscripts, a.reshape((size,) * ndim))
-    run = teir.compile(config, threads=2)
-    for shift in (0, 1, 2, 3):
-        buffer = aligned_empty((size**ndim + 8,), config.dtype)
-        buffer[:] = np.nan
-        out = buffer[shift : shift + size**ndim]
-        run(a, None, out)
-        np.testing.assert_array_equal(out.reshape(expected.shape), expected)
-        assert np.isnan(buffer[:shift]).all() and np.isnan(buffer[shift + size**ndim :]).all()
+    _check_permutation_at_every_offset(config, subscripts, size)
 
 
 def test_row_blocks_fill_whole_vectors():
