@@ -101,6 +101,9 @@ class _Axis:
     count: Size
     tail: int
     least_count: int  # the fewest full blocks any alignment gives (for compile-time choices)
+    # a shifted grid's first and last blocks reach outside the extent, masked, rather than
+    # being clamped inside it
+    masked_edges: bool = False
 
     @property
     def tail_start(self) -> int:
@@ -131,7 +134,9 @@ class _Transpose:
             return
         self.f.range_loop(0, count, body, hint)
 
-    def axis(self, extent: int, pointer: str, ld: int, shift: bool = True) -> _Axis:
+    def axis(
+        self, extent: int, pointer: str, ld: int, shift: bool = True, masked_edges: bool = False
+    ) -> _Axis:
         """The blocks along one dimension, aligned to ``pointer``'s vector boundaries where that
         pays and the leading dimension keeps every row (column) equally aligned."""
         lanes, f, size = self.lanes, self.f, self.spec.itemsize
@@ -146,7 +151,7 @@ class _Transpose:
         offset = f.assign(f"sub i64 0, {offset}", "a")
         count = f.assign(f"sub i64 {extent + lanes - 1}, {offset}", "a")
         count = f.assign(f"lshr i64 {count}, {lanes.bit_length() - 1}", "a")
-        return _Axis(extent, offset, count, 0, whole)
+        return _Axis(extent, offset, count, 0, whole, masked_edges)
 
     def tiles(self, count: Size, tile: int) -> Size:
         """``ceil(count / tile)`` for a power-of-two tile."""
@@ -155,11 +160,11 @@ class _Transpose:
         summed = self.f.assign(f"add i64 {count}, {tile - 1}", "i")
         return self.f.assign(f"lshr i64 {summed}, {tile.bit_length() - 1}", "i")
 
-    def start(self, axis: _Axis, k: Size, clamped: bool = True) -> Size:
+    def start(self, axis: _Axis, k: Size) -> Size:
         f = self.f
         position = f.add_i64(axis.offset, f.mul_i64(k, self.lanes))
-        if isinstance(axis.offset, int) or not clamped:
-            return position  # not shifted: full blocks only up to the tail
+        if isinstance(axis.offset, int) or axis.masked_edges:
+            return position  # not shifted (full blocks only up to the tail), or masked
         position = f.assign(f"call i64 @llvm.smax.i64(i64 {position}, i64 0)", "i")
         return f.assign(
             f"call i64 @llvm.smin.i64(i64 {position}, i64 {axis.extent - self.lanes})", "i"
@@ -264,20 +269,20 @@ class _Transpose:
         spec, f = self.spec, self.f
         self.e.module.declare("smax.i64", "declare i64 @llvm.smax.i64(i64, i64)")
         self.e.module.declare("smin.i64", "declare i64 @llvm.smin.i64(i64, i64)")
-        rows = self.axis(spec.m, "%B", spec.ldb)
-        # A's rows keep their alignment where both of its leading dimensions do
-        lda = math.gcd(spec.lda, spec.lda_outer) if spec.m_inner else spec.lda
-        cols = self.axis(spec.n, "%A", lda, shift=not self.streamed)
         # B's rows are shifted with masked first and last blocks, A's columns with clamped
         # overlapping ones: a clamped block of B mixes regular and streaming stores on the
         # lines it shares with its neighbour, which collapsed 128 x 16 FP32 tiles of a
         # 2048^2 transpose into a NumPy-allocated output to 14 GB/s against 38 aligned
-        self.masked_rows = isinstance(rows.offset, str)
+        rows = self.axis(spec.m, "%B", spec.ldb, masked_edges=True)
+        # A's rows keep their alignment where both of its leading dimensions do
+        lda = math.gcd(spec.lda, spec.lda_outer) if spec.m_inner else spec.lda
+        cols = self.axis(spec.n, "%A", lda, shift=not self.streamed)
+        self.masked_rows = rows.masked_edges
 
         lanes = self.lanes
 
         def at(ib: Size, jb: Size) -> None:
-            self.block(self.start(rows, ib, False), self.start(cols, jb), lanes, lanes)
+            self.block(self.start(rows, ib), self.start(cols, jb), lanes, lanes)
 
         # the compile-time tails: below the full blocks, right of them, and in the corner
         def tails() -> None:
@@ -290,9 +295,7 @@ class _Transpose:
             if cols.tail:
                 self.for_range(
                     rows.count,
-                    lambda ib: self.block(
-                        self.start(rows, ib, False), cols.tail_start, lanes, cols.tail
-                    ),
+                    lambda ib: self.block(self.start(rows, ib), cols.tail_start, lanes, cols.tail),
                     "ti",
                 )
             if rows.tail and cols.tail:

@@ -195,8 +195,10 @@ class _UnaryEmitter:
     def a_row(self, row: str | int) -> str | int:
         """The element offset of a transposed A's ``row`` (``row >= 0``), in runs or not."""
         spec, f = self.spec, self.f
-        if isinstance(row, int) or not spec.m_inner:
-            return spec.a_row(row) if isinstance(row, int) else f.mul_i64(row, spec.lda)
+        if isinstance(row, int):
+            return spec.a_row(row)
+        if not spec.m_inner:
+            return f.mul_i64(row, spec.lda)
         run = f.assign(f"udiv i64 {row}, {spec.m_inner}", "i")
         within = f.assign(f"urem i64 {row}, {spec.m_inner}", "i")
         return f.add_i64(f.mul_i64(run, spec.lda_outer), f.mul_i64(within, spec.lda))

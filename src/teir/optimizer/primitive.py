@@ -266,10 +266,11 @@ def unary(problem: Problem) -> tuple[Problem, str]:
     # FP32 22 -> 37. Within the caches, 64 x 64 (ij->ji 1000^2 FP32: 84 GB/s against 54
     # with 16 x 16).
     in_memory = copy_outgrows_cache(prod(a.size for a in axes), itemsize)
-    # (target, least, most) elements along the output's unit stride (the row) and in0's
-    transpose_tiles = {True: (256, 128, 512), False: (128, 64, 256)}
+    # (target, least, most, preferred multiple) elements along the output's unit stride (the
+    # row) and in0's
+    transpose_tiles = {True: (256, 128, 512, 16), False: (128, 64, 256, 16)}
     if not in_memory:
-        transpose_tiles = {True: (64, 16, 256), False: (64, 16, 256)}
+        transpose_tiles = {True: (64, 16, 256, 16), False: (64, 16, 256, 16)}
     # A short row (out's unit stride) continued in out by an axis that in0 lays elsewhere:
     # both go into the tile, so that the kernel stores long columns, reading in0 in runs.
     # With NumPy's 16-byte offsets on both arrays (2 threads): ijkl->ljki 48^4 FP32 22 -> 31
@@ -278,15 +279,16 @@ def unary(problem: Problem) -> tuple[Problem, str]:
     runs = None
     if transposed and in_memory and row.size * itemsize < LONG_COLUMN_BYTES:
         runs = _continuing(candidates, row, column)
-    sized: list[tuple[Axis | None, tuple[int, int, int] | None]] = [
+    sized: list[tuple[Axis | None, tuple[int, int, int, int] | None]] = [
         (row, transpose_tiles[True] if transposed else None),
         (column, transpose_tiles[False] if transposed else None),
     ]
     if runs is not None:
-        target, low, high = transpose_tiles[True]
-        span = (-(-target // row.size), -(-low // row.size), -(-high // row.size))
-        if block_size(runs.size, *span, 1) <= span[2]:
-            sized.append((runs, span))
+        # as many rows as make the row's tile length, in any multiple
+        target, low, high, _ = (-(-length // row.size) for length in transpose_tiles[True])
+        runs_block = block_size(runs.size, target, low, high, 1)
+        if runs_block <= high:
+            sized.append((runs, (runs_block, runs_block, runs_block, 1)))
         else:  # no block of a useful length
             runs = None
     for axis, tile_range in sized:
@@ -294,8 +296,7 @@ def unary(problem: Problem) -> tuple[Problem, str]:
             continue
         is_row = axis is row
         if tile_range is not None:
-            target, low, high = tile_range
-            block = block_size(axis.size, target, low, high, 16 if axis is not runs else 1)
+            block = block_size(axis.size, *tile_range)
         elif is_row:
             block = axis.size
         else:  # keep the tile within half of L2 so threads get loops to share
