@@ -1,8 +1,10 @@
-"""``teir bench einsum``: binary contractions and permutations against NumPy and torch.
+"""``teir bench einsum``: binary contractions and permutations against NumPy, torch and etops.
 
 Each case runs on teir (``teir.einsum`` with a cached plan) in this process and on every
 baseline in a process of its own with the same thread count: ``numpy.einsum(optimize=True)``
-(``np.copyto`` of the transposed view for permutations) and ``torch.einsum`` if installed.
+(``np.copyto`` of the transposed view for permutations), ``torch.einsum`` if installed, and
+for FP32 etops if installed (the course's reference implementation, given each einsum's
+unscheduled configuration to optimize with its own optimizer).
 Contractions report GFLOP/s and the fraction of all cores' FMA peak, permutations GB/s and the
 fraction of the copy bandwidth the probe measures for the same bytes, both from this run.
 Teir and the baselines alternate in rounds (``ROUNDS``), each case keeping its best round;
@@ -96,17 +98,27 @@ def baseline_environment(threads: int) -> dict[str, str]:
     return dict(os.environ, **counts)
 
 
+def baselines(dtype: str) -> tuple[str, ...]:
+    """The libraries teir is compared with: NumPy, torch and, for FP32 (its FP64 path aborts
+    the interpreter), etops, the course's reference implementation; those not installed are
+    reported as missing."""
+    return ("numpy", "torch", "etops") if dtype == "f32" else ("numpy", "torch")
+
+
 def _baseline(
     library: str, cases: list[tuple[str, list[list[int]], str]], threads: int, seconds: float
 ) -> list[float | None]:
-    if library == "torch" and importlib.util.find_spec("torch") is None:
+    if library != "numpy" and importlib.util.find_spec(library) is None:
         return [None] * len(cases)
+    environment = baseline_environment(threads)
+    if library == "etops":  # OpenMP threads pinned to their cores, as the course runs them
+        environment["OMP_PROC_BIND"] = "true"
     result = subprocess.run(
         [sys.executable, "-m", "teir.bench.baseline_runner", library],
         input=json.dumps({"cases": cases, "seconds": seconds, "threads": threads}),
         capture_output=True,
         text=True,
-        env=baseline_environment(threads),
+        env=environment,
         check=False,
     )
     if result.returncode != 0:
@@ -187,7 +199,7 @@ def run(
         times: dict[str, list[float | None]] = {
             "teir": _teir_round(cases, np_dtype, threads, share, progress, first, bandwidth)
         }
-        for library in ("numpy", "torch"):
+        for library in baselines(dtype):
             times[library] = _baseline(library, requests, threads, share)
             progress.step(library)
         for library, measured in times.items():
@@ -211,8 +223,8 @@ def run(
             row["rate"] = moved / teir_seconds / 1e9
             row["unit"] = "GB/s"
             row["fraction"] = row["rate"] / bandwidth[row["name"]]
-        for library in ("numpy", "torch"):
-            baseline = best[library][index]
+        for library in ("numpy", "torch", "etops"):
+            baseline = best.get(library, [None] * len(cases))[index]
             row[library] = baseline
             row[f"speedup_{library}"] = None if baseline is None else baseline / teir_seconds
     return {
@@ -233,13 +245,13 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for kind in ("contraction", "permutation"):
         chosen = [r for r in rows if r["kind"] == kind]
-        for library in ("numpy", "torch"):
+        for library in ("numpy", "torch", "etops"):
             values = [r[f"speedup_{library}"] for r in chosen if r[f"speedup_{library}"]]
             summary[f"{kind}_geomean_speedup_{library}"] = _geomean(values)
         best = [
-            min(t for t in (r["numpy"], r["torch"]) if t) / r["seconds"]
+            min(times) / r["seconds"]
             for r in chosen
-            if r["numpy"] or r["torch"]
+            if (times := [t for t in (r["numpy"], r["torch"], r["etops"]) if t])
         ]
         summary[f"{kind}_worst_vs_best_baseline"] = min(best) if best else None
     return summary
@@ -252,7 +264,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"{report['peak_gflops']:.1f} GFLOP/s",
         "",
         f"{'case':<24} {'subscripts':<18} {'teir':>9} {'unit':<8} {'of peak':>7} "
-        f"{'vs numpy':>9} {'vs torch':>9}  check",
+        f"{'vs numpy':>9} {'vs torch':>9} {'vs etops':>9}  check",
     ]
     for row in report["rows"]:
 
@@ -262,7 +274,8 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(
             f"{row['name']:<24} {row['subscripts']:<18} {row['rate']:9.1f} "
             f"{row['unit']:<8} {row['fraction'] * 100:6.1f}% "
-            f"{speed('speedup_numpy'):>9} {speed('speedup_torch'):>9}  "
+            f"{speed('speedup_numpy'):>9} {speed('speedup_torch'):>9} "
+            f"{speed('speedup_etops'):>9}  "
             f"{'OK' if row['ok'] else 'MISMATCH'}"
         )
     lines.append("")

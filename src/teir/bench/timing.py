@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 
 
-def best_seconds(run: Callable[[], object], budget: float, minimum: int = 3) -> float:
+def best_seconds(run: Callable[..., object], budget: float, minimum: int = 3) -> float:
     """The shortest of at least ``minimum`` timed runs of ``run`` (after one warm-up run),
     repeated until ``budget`` seconds have passed."""
     run()

@@ -270,6 +270,26 @@ def build_config(
     return fields
 
 
+def unscheduled_fields(subscripts: Subscripts, arrays: list[np.ndarray]) -> dict[str, Any]:
+    """The flat fields of the configuration of a one- or two-operand einsum on ``arrays``
+    (output C-contiguous), before any scheduling: what another TEIR implementation is given
+    to optimize and run (the benchmarks' etops baseline)."""
+    inputs = [operand(a, labels, i) for i, (a, labels) in enumerate(zip(arrays, subscripts.inputs))]
+    output = subscripts.output
+    for index, op in enumerate(inputs):
+        others = {label for j, other in enumerate(inputs) if j != index for label in other.labels}
+        lonely = [label for label in op.labels if label not in output and label not in others]
+        if lonely:
+            raise EinsumError(
+                f"operand {index}: {''.join(lonely)!r} appear in no other term, which a "
+                "single TEIR operation cannot sum; sum them out of the operand first"
+            )
+    sizes = label_sizes(inputs, output)
+    shape = tuple(sizes[label] for label in output)
+    out_strides = _out_strides(None, output, shape)
+    return build_config(arrays[0].dtype, inputs, output, out_strides, sizes, False, False)
+
+
 def _stride(op: Operand, present: bool, label: str, size: int) -> int:
     """The operand's stride for ``label``; a broadcast (size-1) dimension of a larger label
     repeats its one element (stride 0)."""
