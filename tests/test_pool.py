@@ -116,3 +116,32 @@ def test_a_forked_child_starts_its_own_workers():
     child.join(timeout=60)
     assert child.exitcode == 0
     assert queue.get(timeout=5) is True
+
+
+def test_a_slice_outlasting_the_native_join_is_waited_for():
+    """With one poll before the native join gives up, the caller waits in Python."""
+    from teir.codegen.spin import JOB_FIELDS
+
+    op, a, x = _gemm(4096, 2)
+    assert op._job is not None
+    op._job.words[JOB_FIELDS.index("rounds")] = 1
+    _check(op, a, x, calls=5)
+
+
+def test_jobs_of_fewer_slices_than_workers():
+    """Workers beyond a job's slices get no task, and the next larger job runs them all."""
+    big, a6, x6 = _gemm(1024, 6)
+    _check(big, a6, x6, calls=2)
+    for threads in (2, 3, 6, 2):
+        op, a, x = _gemm(1024, threads)
+        _check(op, a, x, calls=3)
+
+
+def test_small_contractions_share_threads_where_a_parallel_call_pays():
+    """A parallel call costs about a microsecond: a 64^3 GEMM is split between two threads,
+    a 40^3 one is not."""
+    for size, slices in ((40, 1), (64, 2)):
+        a = np.ones((size, size), np.float32)
+        plan = teir.einsum_plan("ik,kj->ij", a, a, threads=2)
+        assert plan.operation is not None and len(plan.operation.slices) == slices
+        np.testing.assert_array_equal(teir.einsum("ik,kj->ij", a, a, threads=2), a @ a)

@@ -20,6 +20,7 @@ import numpy as np
 
 from teir.buffers import aligned_empty
 from teir.frontend import copy_fallback
+from teir.frontend.direct_call import DirectCall, direct_call
 from teir.frontend.einsum_parse import EinsumError, parse
 from teir.frontend.einsum_plan import (
     Operand,
@@ -39,7 +40,7 @@ from teir.runtime.scratch import scratch
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 PLAN_CACHE_SIZE = 4096
-_plans: dict[tuple[Any, ...], tuple[Plan, tuple[bool, ...]]] = {}
+_plans: dict[tuple[Any, ...], tuple[Plan, tuple[bool, ...], DirectCall | None]] = {}
 _lock = threading.Lock()
 
 
@@ -74,17 +75,23 @@ def _arrays(operands: Sequence[Any]) -> list[np.ndarray]:
 
 def _key(
     subscripts: str,
-    arrays: list[np.ndarray],
+    arrays: Sequence[np.ndarray],
     out: np.ndarray | None,
     accumulate: bool,
     relu: bool,
-    threads: int,
+    threads: int | None,
     split: bool = True,
 ) -> tuple[Any, ...]:
+    first, last = arrays[0], arrays[-1]
+    if len(arrays) <= 2:  # spelled out: every call of the direct path builds this key
+        layout: tuple[Any, ...] = (first.shape, first.strides, last.shape, last.strides)
+    else:
+        layout = tuple((a.shape, a.strides) for a in arrays)
     return (
         subscripts,
-        tuple((a.shape, a.strides) for a in arrays),
-        arrays[0].dtype.char,
+        len(arrays),
+        layout,
+        first.dtype.char,
         None if out is None else (out.shape, out.strides),
         accumulate,
         relu,
@@ -108,7 +115,7 @@ def _plan(
     key = _key(subscripts, arrays, out, accumulate, relu, threads, split)
     found = _plans.get(key)
     if found is not None:
-        return found
+        return found[0], found[1]
     parsed = parse(subscripts, [a.ndim for a in arrays])
     plan, inputs = make_plan(parsed, arrays, out, accumulate, relu, threads)
     # Operands used in place need only their address per call; the others are prepared again.
@@ -134,10 +141,11 @@ def _plan(
     one_thread = bool(plan.regions) and all(len(r.operation.slices) == 1 for r in plan.regions)
     if split and one_thread and plan.canonical is None and not any(plan.reductions):
         plan.split = plan_split(parsed, [a.shape for a in arrays], plan.dtype.itemsize, threads)
+    call = direct_call(plan, direct, arrays, out, accumulate)
     with _lock:
         if len(_plans) >= PLAN_CACHE_SIZE:
             _plans.pop(next(iter(_plans)))
-        _plans[key] = (plan, direct)
+        _plans[key] = (plan, direct, call)
     return plan, direct
 
 
@@ -188,6 +196,22 @@ def einsum(
     the operands first; ``order`` and ``casting`` are accepted for compatibility
     (new results are C-ordered). Unlike NumPy, the result is always a new array (never a view).
     """
+    # The direct path of a cached plan; with threads=None its key has None, which the
+    # entry's alias below answers (the thread count is read when shapes are first planned).
+    key = None
+    if (
+        dtype is None
+        and 0 < len(operands) <= 2
+        and (out is None or type(out) is np.ndarray)
+        and type(operands[0]) is np.ndarray
+        and type(operands[-1]) is np.ndarray
+    ):
+        key = _key(subscripts, operands, out, accumulate, relu, threads)
+        found = _plans.get(key)
+        if found is not None and found[2] is not None:
+            result = found[2](operands, out)
+            if result is not None:
+                return result
     arrays = _arrays(operands)
     if dtype is not None:
         wanted = np.dtype(dtype)
@@ -196,7 +220,14 @@ def einsum(
         arrays = [a if a.dtype == wanted else a.astype(wanted) for a in arrays]
     if len(arrays) > 2:
         return _multi_operand(subscripts, arrays, out, threads, accumulate, relu, optimize)
-    return _one_or_two(subscripts, arrays, out, threads or default_threads(), accumulate, relu)
+    count = threads or default_threads()
+    result = _one_or_two(subscripts, arrays, out, count, accumulate, relu)
+    if key is not None and threads is None:
+        planned = _plans.get(_key(subscripts, arrays, out, accumulate, relu, count))
+        if planned is not None:
+            with _lock:
+                _plans[key] = planned
+    return result
 
 
 def _one_or_two(
@@ -377,6 +408,22 @@ class ContractExpression:
     def __call__(self, *operands: Any, out: Any = None) -> Any:
         if len(operands) != len(self.shapes):
             raise EinsumError(f"expected {len(self.shapes)} operands, got {len(operands)}")
+        first, last = operands[0], operands[-1]
+        if (  # one or two arrays of the expected shapes: straight to einsum's direct path
+            self.tree is None
+            and type(first) is np.ndarray
+            and type(last) is np.ndarray
+            and first.shape == self.shapes[0]
+            and last.shape == self.shapes[-1]
+        ):
+            return einsum(
+                self.subscripts,
+                *operands,
+                out=out,
+                threads=self.threads,
+                accumulate=self.accumulate,
+                relu=self.relu,
+            )
         for index, (value, shape) in enumerate(zip(operands, self.shapes)):
             actual = value.shape if isinstance(value, np.ndarray) else tuple(np.shape(value))
             if actual != shape:

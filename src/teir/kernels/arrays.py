@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -37,11 +39,28 @@ _F_CONTIGUOUS = 0x2
 _WRITEABLE = 0x400
 
 
-def data_address(array: np.ndarray) -> int:
-    """The address of ``array``'s first element (about 0.5 us; ``ctypes.data`` takes 1 us)."""
+def _interface_address(array: np.ndarray) -> int:
     interface = _ArrayInterface.from_address(_capsule_pointer(array.__array_struct__, None))
     address: int | None = interface.data
     return address or 0
+
+
+def _object_field_reader() -> Callable[[np.ndarray], int] | None:
+    """A reader of the data pointer stored in the array object itself, right after CPython's
+    object header (NumPy's ``PyArrayObject_fields``), if it reads the right address here on
+    fresh arrays, views at an offset and 0-d arrays (0.15 us against 0.5)."""
+    if sys.implementation.name != "cpython":
+        return None
+    field = ctypes.c_size_t.from_address
+    offset = object.__basicsize__
+    samples = [np.empty(3), np.arange(10.0)[3:], np.zeros((4, 4), np.float32).T[1:], np.zeros(())]
+    if any(field(id(a) + offset).value != _interface_address(a) for a in samples):
+        return None
+    return lambda array: int(field(id(array) + offset).value)
+
+
+data_address: Callable[[np.ndarray], int] = _object_field_reader() or _interface_address
+"""The address of ``array``'s first element (0 for an empty array's null pointer)."""
 
 
 def checked_address(

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -36,12 +35,15 @@ from teir.kernels.cache import CODE_CACHE
 from teir.lower.nest import Access, LoopNest, access_flags, lower
 from teir.lower.tiles import TileOp
 from teir.runtime.arguments import as_array
-from teir.runtime.pool import NEST_SIGNATURE, default_threads, run_slices
+from teir.runtime.pool import NEST_SIGNATURE, Job, default_threads, parallel_job, run_parallel
 
 _VOID_P = ctypes.c_void_p
 _NAMES = ("in0", "in1", "out")
-# Below this much work per thread, starting threads costs more than it saves.
-MIN_SECONDS_PER_THREAD = 50e-6
+# Below this much estimated work per thread, a parallel call costs more than it saves. The
+# estimate runs 3-15x above the time measured in cache; a parallel call costs about a
+# microsecond (FP32 on 2 threads: 64^3 GEMM, estimate 15 us, 5.6 -> 4.9 us; 48^3, 7 us,
+# would lose 2.9 -> 3.7; 256 x 256 gemv, 29 us, 3.6 -> 3.3).
+MIN_SECONDS_PER_THREAD = 6e-6
 
 
 class Operation:
@@ -74,6 +76,13 @@ class Operation:
             self._flag_addresses = (self._flags[0].ctypes.data, self._flags[1].ctypes.data)
         self.slices = self._slices()
         self._parallel_size = nest.parallel_size
+        self._job: Job | None = None
+        self._job_address = 0
+        if len(self.slices) > 1:
+            self._job = parallel_job(
+                self._function, self._parallel_size, len(self.slices), *self._flag_addresses
+            )
+            self._job_address = self._job.address
 
     def _generate(self, prefix: str) -> str:
         module = Module()
@@ -128,17 +137,11 @@ class Operation:
         """Run on element-buffer addresses (0 for unused inputs). Nothing is checked: the
         caller guarantees that the configuration's strides stay inside each buffer, that out
         is writable and that it does not overlap an input."""
-        first, last = self._flag_addresses
-        slices = self.slices
-        if len(slices) == 1:
+        if self._job is None:
+            first, last = self._flag_addresses
             self._native(in0, in1, out, 0, self._parallel_size, first, last)
             return
-        lo, hi = slices[0]
-        run_slices(
-            partial(self._native, in0, in1, out, lo, hi, first, last),
-            self._function,
-            [(in0, in1, out, lo, hi, first, last) for lo, hi in slices[1:]],
-        )
+        run_parallel(self._job, self._job_address, in0, in1, out)
 
     # ---- reporting -------------------------------------------------------------------------
     def explain(self, name: str | None = None) -> str:

@@ -17,13 +17,20 @@ import ctypes
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
 
-from teir.codegen.spin import NEST_ARGUMENTS, control_words, done_word, spin_module, task_word
+from teir.codegen.spin import (
+    JOB_FIELDS,
+    NEST_ARGUMENTS,
+    control_words,
+    done_word,
+    spin_module,
+    task_word,
+)
 from teir.codegen.target import Target
 from teir.errors import TeirError
 from teir.kernels.cache import CODE_CACHE
@@ -61,6 +68,7 @@ class _Native:
     poll: Callable[[int, int, int], int]
     publish: Callable[[int, int], None]
     serve: Callable[[int, int, int, int], int]
+    dispatch: Callable[[int, int, int, int, int, int, int], int]
     rounds_per_second: float
 
 
@@ -70,7 +78,7 @@ def _native() -> _Native:
     loaded = CODE_CACHE.get(
         "runtime:spin",
         target,
-        ["_poll", "_publish", "_serve"],
+        ["_poll", "_publish", "_serve", "_dispatch"],
         lambda prefix: spin_module(target, prefix),
     )
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
@@ -84,8 +92,35 @@ def _native() -> _Native:
         poll,
         ctypes.CFUNCTYPE(None, ptr, i64)(loaded.symbols["_publish"]),
         ctypes.CFUNCTYPE(i64, ptr, i64, i64, i64)(loaded.symbols["_serve"]),
+        ctypes.CFUNCTYPE(i64, ptr, i64, ptr, ptr, ptr, ptr, i64)(loaded.symbols["_dispatch"]),
         rounds / elapsed,
     )
+
+
+@dataclass(frozen=True, eq=False)
+class Job:
+    """The fixed part of a compiled nest's parallel call: its function, index space and
+    slice count, and its access-flag pointers, held as the words ``_dispatch`` reads
+    (:data:`teir.codegen.spin.JOB_FIELDS`)."""
+
+    function: int
+    size: int
+    count: int
+    first: int
+    last: int
+    words: np.ndarray
+
+    @property
+    def address(self) -> int:
+        return int(self.words.ctypes.data)
+
+
+def parallel_job(function: int, size: int, count: int, first: int, last: int) -> Job:
+    """The job of a nest at ``function`` run over [0, ``size``) in ``count`` slices."""
+    rounds = max(1, int(_native().rounds_per_second * JOIN_SPIN_SECONDS))
+    values = dict(fn=function, size=size, count=count, first=first, last=last, rounds=rounds)
+    words = np.array([values[name] for name in JOB_FIELDS], dtype=np.int64)
+    return Job(function, size, count, first, last, words)
 
 
 _ARGUMENT_TYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64}
@@ -123,44 +158,28 @@ class _Pool:
             if self._stopped:
                 return
 
-    def run(
-        self, local: Callable[[], None], function: int, helpers: Sequence[tuple[int, ...]]
-    ) -> None:
+    def run(self, job: Job, job_address: int, in0: int, in1: int, out: int) -> None:
+        """``job`` on these tensors: its first slice here, the others on workers."""
         native = _native()
         with self._running:
             if self._stopped:  # replaced by a larger pool after the caller picked this one
-                local()
-                nest = NEST_SIGNATURE(function)
-                for arguments in helpers:
-                    nest(*arguments)
+                nest = NEST_SIGNATURE(job.function)
+                size, count = job.size, job.count
+                for index in range(count):
+                    lo, hi = index * size // count, (index + 1) * size // count
+                    nest(in0, in1, out, lo, hi, job.first, job.last)
                 return
-            control = self._control
-            generation = int(control[0]) + 1
-            for worker in range(self.workers):
-                task = task_word(worker)
-                if worker < len(helpers):
-                    control[task] = function
-                    control[task + 1 : task + 1 + len(NEST_ARGUMENTS)] = helpers[worker]
-                else:
-                    control[task] = 0
-            native.publish(self._address, generation)
-            with self._wake:
-                self._wake.notify_all()
-            try:
-                local()
-            finally:
-                for worker in range(len(helpers)):
-                    self._join(native, worker, generation)
-
-    def _join(self, native: _Native, worker: int, generation: int) -> None:
-        at = done_word(worker)
-        deadline = time.perf_counter() + JOIN_SPIN_SECONDS
-        rounds = max(1, int(native.rounds_per_second * JOIN_SPIN_SECONDS / 20))
-        while int(self._control[at]) != generation:
-            if time.perf_counter() < deadline:
-                native.poll(self._address + 8 * at, int(self._control[at]), rounds)
-            else:
-                time.sleep(JOIN_SLEEP_SECONDS)
+            call = (self._address, self.workers, job_address, in0, in1, out)
+            status = native.dispatch(*call, 0)
+            if status == 1:  # a worker sleeps: wake it, then run this slice and join
+                with self._wake:
+                    self._wake.notify_all()
+                status = native.dispatch(*call, 1)
+            if status == 2:  # a worker is still busy after the native join's polls
+                generation = int(self._control[0])
+                for worker in range(job.count - 1):
+                    while int(self._control[done_word(worker)]) != generation:
+                        time.sleep(JOIN_SLEEP_SECONDS)
 
     def stop(self, wait: bool = False) -> None:
         """Let the workers end (they are idle: no call is running); ``wait`` for them to
@@ -203,13 +222,9 @@ if hasattr(os, "register_at_fork"):
 atexit.register(_stop_at_exit)
 
 
-def run_slices(
-    local: Callable[[], None], function: int, helpers: Sequence[tuple[int, ...]]
-) -> None:
-    """Run ``local()`` here while pool threads call the nest function at address ``function``
-    with each argument tuple of ``helpers`` (in0, in1, out, lo, hi, first, last); returns when
-    all have finished."""
-    if not helpers:
-        local()
-        return
-    _pool(len(helpers)).run(local, function, helpers)
+def run_parallel(job: Job, job_address: int, in0: int, in1: int, out: int) -> None:
+    """Run ``job``'s nest on these tensors in its slices, [s * size // count, (s + 1) * size
+    // count) for slice s, the first on the calling thread and the others on pool threads;
+    returns when all have finished. ``job_address`` is ``job.address``, which the caller
+    keeps (reading it from the array costs a microsecond)."""
+    _pool(job.count - 1).run(job, job_address, in0, in1, out)

@@ -1,0 +1,99 @@
+"""The per-call path of a cached einsum plan that runs on its operands where they lie.
+
+Such a plan needs nothing from a call but the data addresses: the cache key already fixes
+every shape and stride. What a key does not fix is checked here (each operand's dtype, that
+out is writable and of the result's dtype, that out does not overlap an input); anything else
+goes back to the full path, which raises the error or makes the copies. This path takes about
+2 us where the full one took 7 (a 64^3 GEMM's kernels take 4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from teir.buffers import aligned_empty
+from teir.frontend.einsum_plan import Plan
+from teir.kernels.arrays import data_address
+
+
+def _span(array: np.ndarray) -> tuple[int, int]:
+    """The bytes ``array`` reaches, as offsets from its data address: [low, high)."""
+    low = sum(min(0, (n - 1) * s) for n, s in zip(array.shape, array.strides))
+    high = sum(max(0, (n - 1) * s) for n, s in zip(array.shape, array.strides))
+    return low, high + array.itemsize
+
+
+@dataclass(frozen=True)
+class DirectCall:
+    """A plan run on the operands' and out's addresses, for the shapes and strides of its key."""
+
+    plan: Plan
+    dtype: np.dtype[Any]
+    spans: tuple[tuple[int, int], ...]
+    out_span: tuple[int, int]
+    # plan.run, or its one operation's run_addresses where there is nothing to offset
+    run: Callable[[int, int, int], None]
+
+    def __call__(self, operands: tuple[np.ndarray, ...], out: np.ndarray | None) -> Any:
+        """The result (a new array, or ``out``), or None where the full path must run."""
+        dtype = self.dtype
+        first, last = operands[0], operands[-1]
+        for array in (first, last) if out is None else (first, last, out):
+            if array.dtype is not dtype and array.dtype != dtype:
+                return None
+        address = data_address(first)
+        other = data_address(last) if len(operands) == 2 else 0
+        if out is None:
+            result = aligned_empty(self.plan.out_shape, dtype)
+            self.run(address, other, data_address(result))
+            return result[()] if result.ndim == 0 else result
+        if not out.flags.writeable:
+            return None
+        out_address = data_address(out)
+        low, high = out_address + self.out_span[0], out_address + self.out_span[1]
+        span = self.spans[0]
+        if address + span[0] < high and low < address + span[1]:
+            return None  # computed into a temporary by the full path
+        if other:
+            span = self.spans[1]
+            if other + span[0] < high and low < other + span[1]:
+                return None
+        self.run(address, other, out_address)
+        return out
+
+
+def direct_call(
+    plan: Plan,
+    direct: tuple[bool, ...],
+    arrays: list[np.ndarray],
+    out: np.ndarray | None,
+    accumulate: bool,
+) -> DirectCall | None:
+    """The direct path for calls that hit ``plan``'s cache entry (made for ``arrays`` and
+    ``out``), or None where calls need more than addresses: copies, a reduction first, a
+    split reduction, an empty result, a unary plan accumulating, an output with negative or
+    zero strides (a temporary, or an error)."""
+    if plan.canonical is not None or plan.empty or plan.split is not None or not all(direct):
+        return None
+    if accumulate and len(arrays) == 1:
+        return None
+    if any(plan.reductions) or not plan.regions or any(a.dtype != plan.dtype for a in arrays):
+        return None
+    if out is not None:
+        repeats = any(n > 1 and s <= 0 for n, s in zip(out.shape, out.strides))
+        if repeats or out.shape != plan.out_shape:
+            return None
+    run = plan.run
+    if len(plan.regions) == 1 and plan.regions[0].offsets == (0, 0, 0):
+        run = plan.regions[0].operation.run_addresses
+    return DirectCall(
+        plan,
+        plan.dtype,
+        tuple(_span(a) for a in arrays),
+        (0, 0) if out is None else _span(out),
+        run,
+    )

@@ -1,0 +1,90 @@
+"""The direct path of cached einsum plans: a repeated call with the same shapes and strides
+runs on the addresses alone, and everything a cache key does not fix is still checked."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import teir
+from teir.frontend import einsum as einsum_module
+from teir.kernels.arrays import _interface_address, data_address
+
+
+def _calls(subscripts, *operands, **options):
+    """Two calls (the second one hits the cache) and their results."""
+    first = teir.einsum(subscripts, *operands, **options)
+    first = first.copy() if isinstance(first, np.ndarray) else first
+    return first, teir.einsum(subscripts, *operands, **options)
+
+
+def test_repeated_calls_take_the_direct_path(monkeypatch):
+    rng = np.random.default_rng(0)
+    a, b = rng.random((6, 5)), rng.random((5, 7))
+    out = np.empty((6, 7))
+    teir.einsum("ij,jk->ik", a, b, out=out, threads=1)
+    key = einsum_module._key("ij,jk->ik", (a, b), out, False, False, 1)
+    call = einsum_module._plans[key][2]
+    assert call is not None
+    # the direct path alone answers: the full path is not reached
+    monkeypatch.setattr(einsum_module, "_arrays", None)
+    a2, b2 = rng.random((6, 5)), rng.random((5, 7))
+    assert teir.einsum("ij,jk->ik", a2, b2, out=out, threads=1) is out
+    np.testing.assert_allclose(out, a2 @ b2)
+
+
+def test_threads_none_finds_its_plan_directly(monkeypatch):
+    a, b = np.ones((4, 3), np.float32), np.ones((3, 2), np.float32)
+    expected = teir.einsum("ij,jk->ik", a, b)
+    monkeypatch.setattr(einsum_module, "_arrays", None)
+    np.testing.assert_array_equal(teir.einsum("ij,jk->ik", a, b), expected)
+
+
+def test_a_second_call_still_checks_what_the_key_does_not_fix():
+    a, b = np.ones((4, 3)), np.ones((3, 2))
+    out = np.empty((4, 2))
+    teir.einsum("ij,jk->ik", a, b, out=out)
+    with pytest.raises(teir.TeirError, match="dtype"):
+        teir.einsum("ij,jk->ik", a, b, out=np.empty((4, 2), np.float32))
+    frozen = np.empty((4, 2))
+    frozen.flags.writeable = False
+    with pytest.raises(teir.TeirError, match="read-only"):
+        teir.einsum("ij,jk->ik", a, b, out=frozen)
+    # the same shapes and strides with an operand of another dtype: promoted, as NumPy does
+    result = teir.einsum("ij,jk->ik", a, b.astype(np.float32))
+    assert result.dtype == np.float64
+    np.testing.assert_array_equal(result, a @ b)
+
+
+def test_an_out_overlapping_an_input_on_the_second_call():
+    # the first call's out is separate; the second one's, of the same strides, is the input
+    square = np.arange(64.0 * 64).reshape(64, 64)
+    teir.einsum("ij->ji", square, out=np.empty((64, 64)))
+    expected = square.T.copy()
+    teir.einsum("ij->ji", square, out=square)
+    np.testing.assert_array_equal(square, expected)
+    a = np.arange(1.0, 96.0 * 96 + 1).reshape(96, 96) / 1e4
+    teir.einsum("ij,jk->ik", a, a.copy(), out=np.empty((96, 96)), threads=1)
+    expected = a @ a
+    teir.einsum("ij,jk->ik", a, a.copy(), out=a, threads=1)
+    np.testing.assert_allclose(a, expected, rtol=1e-12)
+
+
+def test_scalars_and_permutations_on_the_direct_path():
+    x = np.arange(5.0)
+    first, second = _calls("i,i->", x, x)
+    assert first == second == 30.0 and isinstance(second, np.float64)
+    t = np.arange(24.0).reshape(2, 3, 4)
+    first, second = _calls("ijk->kji", t)
+    np.testing.assert_array_equal(second, t.transpose(2, 1, 0))
+    out = np.ones((4, 3, 2))
+    teir.einsum("ijk->kji", t, out=out, accumulate=True)
+    teir.einsum("ijk->kji", t, out=out, accumulate=True)
+    np.testing.assert_array_equal(out, 1 + 2 * t.transpose(2, 1, 0))
+
+
+def test_data_address_reads_the_array_object():
+    base = np.zeros((8, 8), np.float32)
+    for array in (base, base[2:, 3:], base.T, base[::2], np.zeros(()), np.empty(0)):
+        assert data_address(array) == _interface_address(array)
+    assert data_address(base[1:]) == base.ctypes.data + 32
