@@ -18,6 +18,12 @@ import numpy as np
 
 from teir.bench.timing import best_seconds
 
+TENSORS = ("strides_in0", "strides_in1", "strides_out")
+
+
+def _unary(data: dict[str, Any]) -> bool:
+    return str(data["prim_main"]).lower() in ("copy", "zero")
+
 
 def _etops_config(etops: Any, data: dict[str, Any]) -> Any:
     lower = {k: (v.lower() if isinstance(v, str) else v) for k, v in data.items()}
@@ -39,13 +45,6 @@ def _etops_config(etops: Any, data: dict[str, Any]) -> Any:
         strides=strides,
         backend="tpp",
     )
-
-
-TENSORS = ("strides_in0", "strides_in1", "strides_out")
-
-
-def _unary(data: dict[str, Any]) -> bool:
-    return str(data["prim_main"]).lower() in ("copy", "zero")
 
 
 def _column_major(data: dict[str, Any]) -> dict[str, Any]:

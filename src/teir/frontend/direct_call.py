@@ -17,14 +17,14 @@ import numpy as np
 
 from teir.buffers import aligned_empty
 from teir.frontend.einsum_plan import Plan
-from teir.kernels.arrays import data_address
+from teir.kernels.arrays import data_address, overlaps
 
 
 def _span(array: np.ndarray) -> tuple[int, int]:
-    """The bytes ``array`` reaches, as offsets from its data address: [low, high)."""
+    """The bytes ``array`` reaches: (offset of the lowest from its data address, count)."""
     low = sum(min(0, (n - 1) * s) for n, s in zip(array.shape, array.strides))
     high = sum(max(0, (n - 1) * s) for n, s in zip(array.shape, array.strides))
-    return low, high + array.itemsize
+    return low, high - low + array.itemsize
 
 
 @dataclass(frozen=True)
@@ -54,14 +54,10 @@ class DirectCall:
         if not out.flags.writeable:
             return None
         out_address = data_address(out)
-        low, high = out_address + self.out_span[0], out_address + self.out_span[1]
-        span = self.spans[0]
-        if address + span[0] < high and low < address + span[1]:
-            return None  # computed into a temporary by the full path
-        if other:
-            span = self.spans[1]
-            if other + span[0] < high and low < other + span[1]:
-                return None
+        out_start = out_address + self.out_span[0]
+        for input_address, (offset, count) in zip((address, other), self.spans):
+            if overlaps(out_start, self.out_span[1], input_address + offset, count):
+                return None  # computed into a temporary by the full path
         self.run(address, other, out_address)
         return out
 

@@ -77,12 +77,10 @@ class Operation:
         self.slices = self._slices()
         self._parallel_size = nest.parallel_size
         self._job: Job | None = None
-        self._job_address = 0
         if len(self.slices) > 1:
             self._job = parallel_job(
                 self._function, self._parallel_size, len(self.slices), *self._flag_addresses
             )
-            self._job_address = self._job.address
 
     def _generate(self, prefix: str) -> str:
         module = Module()
@@ -141,7 +139,7 @@ class Operation:
             first, last = self._flag_addresses
             self._native(in0, in1, out, 0, self._parallel_size, first, last)
             return
-        run_parallel(self._job, self._job_address, in0, in1, out)
+        run_parallel(self._job, in0, in1, out)
 
     # ---- reporting -------------------------------------------------------------------------
     def explain(self, name: str | None = None) -> str:

@@ -109,10 +109,7 @@ class Job:
     first: int
     last: int
     words: np.ndarray
-
-    @property
-    def address(self) -> int:
-        return int(self.words.ctypes.data)
+    address: int  # of ``words``, read once: reading it from the array costs a microsecond
 
 
 def parallel_job(function: int, size: int, count: int, first: int, last: int) -> Job:
@@ -120,7 +117,7 @@ def parallel_job(function: int, size: int, count: int, first: int, last: int) ->
     rounds = max(1, int(_native().rounds_per_second * JOIN_SPIN_SECONDS))
     values = dict(fn=function, size=size, count=count, first=first, last=last, rounds=rounds)
     words = np.array([values[name] for name in JOB_FIELDS], dtype=np.int64)
-    return Job(function, size, count, first, last, words)
+    return Job(function, size, count, first, last, words, int(words.ctypes.data))
 
 
 _ARGUMENT_TYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64}
@@ -158,7 +155,7 @@ class _Pool:
             if self._stopped:
                 return
 
-    def run(self, job: Job, job_address: int, in0: int, in1: int, out: int) -> None:
+    def run(self, job: Job, in0: int, in1: int, out: int) -> None:
         """``job`` on these tensors: its first slice here, the others on workers."""
         native = _native()
         with self._running:
@@ -169,7 +166,7 @@ class _Pool:
                     lo, hi = index * size // count, (index + 1) * size // count
                     nest(in0, in1, out, lo, hi, job.first, job.last)
                 return
-            call = (self._address, self.workers, job_address, in0, in1, out)
+            call = (self._address, self.workers, job.address, in0, in1, out)
             status = native.dispatch(*call, 0)
             if status == 1:  # a worker sleeps: wake it, then run this slice and join
                 with self._wake:
@@ -222,9 +219,8 @@ if hasattr(os, "register_at_fork"):
 atexit.register(_stop_at_exit)
 
 
-def run_parallel(job: Job, job_address: int, in0: int, in1: int, out: int) -> None:
+def run_parallel(job: Job, in0: int, in1: int, out: int) -> None:
     """Run ``job``'s nest on these tensors in its slices, [s * size // count, (s + 1) * size
     // count) for slice s, the first on the calling thread and the others on pool threads;
-    returns when all have finished. ``job_address`` is ``job.address``, which the caller
-    keeps (reading it from the array costs a microsecond)."""
-    _pool(job.count - 1).run(job, job_address, in0, in1, out)
+    returns when all have finished."""
+    _pool(job.count - 1).run(job, in0, in1, out)
