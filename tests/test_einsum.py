@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 import teir
 from helpers import out_array
 from teir.frontend import copy_fallback
+from teir.frontend import einsum as einsum_module
 
 RNG = np.random.default_rng(7)
 
@@ -244,6 +245,8 @@ def test_plans_are_cached():
     first = teir.einsum_plan("ij,jk->ik", a, b)
     assert teir.einsum_plan("ij,jk->ik", a + 1, b) is first
     assert teir.einsum_plan("ij,jk->ik", a.T.copy().T, b) is not first  # other strides
+    einsum_module.clear_plans()
+    assert teir.einsum_plan("ij,jk->ik", a, b) is not first
 
 
 def test_large_contraction_uses_kernels():

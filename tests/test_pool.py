@@ -52,20 +52,32 @@ def test_every_slice_runs_on_every_call(threads):
     _check(op, a, x, calls=3)
 
 
-def test_the_pool_grows_and_old_workers_end():
+def test_the_pool_grows_in_place():
+    """A larger thread count starts more workers on the same control block, whose address
+    direct calls keep reading."""
     small, a2, x2 = _gemm(1024, 2)
     _check(small, a2, x2, calls=2)
     before = pool._current
+    assert before is not None
+    address = int(pool.direct_state[0])
     big, a6, x6 = _gemm(1024, 6)
     _check(big, a6, x6, calls=2)
-    assert pool._current is not before and pool._current.workers >= 5
-    assert before is None or before._stopped
+    assert pool._current is before and before.workers >= 5
+    assert tuple(pool.direct_state) == (address, before.workers)
     _check(small, a2, x2, calls=2)  # smaller calls use the grown pool
 
 
+def test_thread_counts_beyond_the_largest_pool_are_capped(monkeypatch):
+    from teir.runtime import operation
+
+    monkeypatch.setattr(operation, "MAX_WORKERS", 3)  # the pool's real cap is 255
+    op, a, x = _gemm(1152, 7)  # a configuration no other test compiles
+    assert len(op.slices) == 4
+    _check(op, a, x, calls=2)
+
+
 def test_a_stopped_pool_runs_the_slices_in_the_caller():
-    """A caller that picked a pool just before a larger one replaced it still gets every
-    slice computed."""
+    """A call after the pool stopped (at exit) still gets every slice computed."""
     op, a, b = _gemm(1024, 2)
     _check(op, a, b, calls=1)
     retired = pool._Pool(1)

@@ -9,7 +9,11 @@ the generation it finished into its own word, which the caller polls.
 
 The control block is an array of i64, one 64-byte line per word group:
 
-- line 0, word 0: the generation, raised by the caller for every parallel call;
+- line 0, word 0: the generation, raised by the caller for every parallel call; word 1: 1
+  while a caller owns the workers (from before it publishes until its slices are joined), set
+  by ``_acquire``: the pool's Python callers and the direct calls of
+  :mod:`teir.codegen.checked_call`, which hold the GIL instead of a Python lock, take turns
+  through it;
 - line 1 + 2w, word 0: the last generation worker ``w`` finished; word 1: 1 while worker
   ``w`` has stopped polling (it sleeps, or is on its way to, and needs a wake-up call);
 - line 2 + 2w: worker ``w``'s task: the nest function (0 for none) and its seven arguments.
@@ -25,6 +29,7 @@ from __future__ import annotations
 from teir.codegen.target import Target
 
 LINE_WORDS = 8
+BUSY_WORD = 1
 NEST_ARGUMENTS = ("ptr", "ptr", "ptr", "i64", "i64", "ptr", "ptr")
 
 
@@ -58,7 +63,7 @@ def _relax(target: Target) -> tuple[list[str], list[str]]:
 
 
 def spin_module(target: Target, prefix: str) -> str:
-    """Three functions, named ``prefix`` plus:
+    """Five functions, named ``prefix`` plus:
 
     - ``_poll(ptr word, i64 seen, i64 rounds) -> i64``: the word's value as soon as it
       differs from ``seen``, or ``seen`` after ``rounds`` polls;
@@ -66,6 +71,8 @@ def spin_module(target: Target, prefix: str) -> str:
       are visible to whoever sees the value);
     - ``_serve(ptr control, i64 worker, i64 seen, i64 rounds) -> i64``: worker ``worker``'s
       loop; returns the last generation it saw once ``rounds`` polls found no new one;
+    - ``_acquire(ptr control) -> i64``: 1 if it set the busy word (:data:`BUSY_WORD`) from 0,
+      else 0 (release it with ``_publish`` of 0);
     - ``_dispatch``: a parallel call (:func:`_dispatch`).
     """
     declarations, relax = _relax(target)
@@ -102,6 +109,14 @@ def spin_module(target: Target, prefix: str) -> str:
         f"define void @{prefix}_publish(ptr %word, i64 %value) nounwind {{",
         "  store atomic i64 %value, ptr %word release, align 8",
         "  ret void",
+        "}",
+        "",
+        f"define i64 @{prefix}_acquire(ptr %control) nounwind {{",
+        f"  %busy = getelementptr inbounds i64, ptr %control, i64 {BUSY_WORD}",
+        "  %pair = cmpxchg ptr %busy, i64 0, i64 1 seq_cst seq_cst, align 8",
+        "  %got = extractvalue { i64, i1 } %pair, 1",
+        "  %result = zext i1 %got to i64",
+        "  ret i64 %result",
         "}",
         "",
         f"define i64 @{prefix}_serve(ptr %control, i64 %worker, i64 %seen0, i64 %rounds) {{",

@@ -41,7 +41,26 @@ from teir.runtime.scratch import scratch
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 PLAN_CACHE_SIZE = 4096
 _plans: dict[tuple[Any, ...], tuple[Plan, tuple[bool, ...], DirectCall | None]] = {}
+# The last direct call with a checked call per (subscripts, operand count, out given or not,
+# accumulate, relu, threads): tried before the full key is built; the checked call itself
+# checks everything else.
+_recent: dict[tuple[Any, ...], DirectCall] = {}
 _lock = threading.Lock()
+
+
+def clear_plans() -> None:
+    """Forget every cached einsum plan (compiled operations stay in their own cache)."""
+    with _lock:
+        _plans.clear()
+        _recent.clear()
+
+
+def _remember(recent: tuple[Any, ...], call: DirectCall) -> None:
+    if call.checked is not None:
+        with _lock:
+            if len(_recent) >= PLAN_CACHE_SIZE:
+                _recent.pop(next(iter(_recent)))
+            _recent[recent] = call
 
 
 def _arrays(operands: Sequence[Any]) -> list[np.ndarray]:
@@ -199,19 +218,25 @@ def einsum(
     # The direct path of a cached plan; with threads=None its key has None, which the
     # entry's alias below answers (the thread count is read when shapes are first planned).
     key = None
-    if (
-        dtype is None
-        and 0 < len(operands) <= 2
-        and (out is None or type(out) is np.ndarray)
-        and type(operands[0]) is np.ndarray
-        and type(operands[-1]) is np.ndarray
-    ):
-        key = _key(subscripts, operands, out, accumulate, relu, threads)
-        found = _plans.get(key)
-        if found is not None and found[2] is not None:
-            result = found[2](operands, out)
+    if dtype is None and 0 < len(operands) <= 2:
+        recent = (subscripts, len(operands), out is None, accumulate, relu, threads)
+        call = _recent.get(recent)
+        if call is not None:
+            result = call.fast(operands, out)
             if result is not None:
                 return result
+        if (
+            (out is None or type(out) is np.ndarray)
+            and type(operands[0]) is np.ndarray
+            and type(operands[-1]) is np.ndarray
+        ):
+            key = _key(subscripts, operands, out, accumulate, relu, threads)
+            found = _plans.get(key)
+            if found is not None and found[2] is not None:
+                result = found[2](operands, out)
+                if result is not None:
+                    _remember(recent, found[2])
+                    return result
     arrays = _arrays(operands)
     if dtype is not None:
         wanted = np.dtype(dtype)
@@ -406,6 +431,13 @@ class ContractExpression:
             self.tree = compile_einsum(self.parsed, arrays, optimize, count, accumulate, relu)[0]
 
     def __call__(self, *operands: Any, out: Any = None) -> Any:
+        if self.tree is None:  # the checked call einsum would try first
+            recent = (self.subscripts, len(operands), out is None)
+            call = _recent.get((*recent, self.accumulate, self.relu, self.threads))
+            if call is not None:
+                result = call.fast(operands, out)
+                if result is not None:
+                    return result
         if len(operands) != len(self.shapes):
             raise EinsumError(f"expected {len(self.shapes)} operands, got {len(operands)}")
         first, last = operands[0], operands[-1]

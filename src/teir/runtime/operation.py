@@ -35,7 +35,14 @@ from teir.kernels.cache import CODE_CACHE
 from teir.lower.nest import Access, LoopNest, access_flags, lower
 from teir.lower.tiles import TileOp
 from teir.runtime.arguments import as_array
-from teir.runtime.pool import NEST_SIGNATURE, Job, default_threads, parallel_job, run_parallel
+from teir.runtime.pool import (
+    MAX_WORKERS,
+    NEST_SIGNATURE,
+    Job,
+    default_threads,
+    parallel_job,
+    run_parallel,
+)
 
 _VOID_P = ctypes.c_void_p
 _NAMES = ("in0", "in1", "out")
@@ -74,6 +81,7 @@ class Operation:
         if nest.access is Access.TRACKED:
             self._flags = access_flags(nest)
             self._flag_addresses = (self._flags[0].ctypes.data, self._flags[1].ctypes.data)
+        self.estimated_seconds = self._estimate()
         self.slices = self._slices()
         self._parallel_size = nest.parallel_size
         self._job: Job | None = None
@@ -87,14 +95,17 @@ class Operation:
         nest_function(self.nest, self.target, module, prefix)
         return module.text()
 
+    def _estimate(self) -> float:
+        """Seconds on one core, roughly: FLOPs at the kernels' rate plus every byte at a
+        memory-bound rate (a dot product of 2M FP64 does 4 MFLOP but reads 32 MB)."""
+        touched = sum(self.config.extent(t) for t in Tensor if self.config.uses(t))
+        return float(self.flops / 50e9 + touched * self._dtype.itemsize / 10e9)
+
     def _slices(self) -> list[tuple[int, int]]:
         """Balanced parts of the parallel index space, one per thread used."""
         size = self.nest.parallel_size
-        # FLOPs at the kernels' rate plus every byte at a memory-bound rate: a dot product
-        # of 2M FP64 does 4 MFLOP but reads 32 MB.
-        touched = sum(self.config.extent(t) for t in Tensor if self.config.uses(t))
-        work = self.flops / 50e9 + touched * self._dtype.itemsize / 10e9
-        count = max(1, min(self.threads, size, int(work / MIN_SECONDS_PER_THREAD)))
+        most = min(self.threads, size, MAX_WORKERS + 1)
+        count = max(1, min(most, int(self.estimated_seconds / MIN_SECONDS_PER_THREAD)))
         return [(i * size // count, (i + 1) * size // count) for i in range(count)]
 
     # ---- calling ---------------------------------------------------------------------------

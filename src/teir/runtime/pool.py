@@ -1,7 +1,8 @@
 """The thread pool that runs slices of a compiled nest on several cores.
 
 Native nests release the GIL (ctypes drops it around foreign calls), so Python threads run them
-in parallel. The pool is created on first use and grows to the largest thread count asked for.
+in parallel. The pool is created on first use and grows (in place) to the largest thread count
+asked for, up to :data:`MAX_WORKERS` workers.
 
 Workers run their slices in native code and hand-offs go through 64-bit words that the other
 side polls (GIL released) for about a millisecond before it sleeps (:mod:`teir.codegen.spin`):
@@ -24,6 +25,7 @@ from functools import cache
 import numpy as np
 
 from teir.codegen.spin import (
+    BUSY_WORD,
     JOB_FIELDS,
     NEST_ARGUMENTS,
     control_words,
@@ -68,7 +70,9 @@ class _Native:
     poll: Callable[[int, int, int], int]
     publish: Callable[[int, int], None]
     serve: Callable[[int, int, int, int], int]
+    acquire: Callable[[int], int]
     dispatch: Callable[[int, int, int, int, int, int, int], int]
+    dispatch_address: int
     rounds_per_second: float
 
 
@@ -78,7 +82,7 @@ def _native() -> _Native:
     loaded = CODE_CACHE.get(
         "runtime:spin",
         target,
-        ["_poll", "_publish", "_serve", "_dispatch"],
+        ["_poll", "_publish", "_serve", "_acquire", "_dispatch"],
         lambda prefix: spin_module(target, prefix),
     )
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
@@ -92,9 +96,16 @@ def _native() -> _Native:
         poll,
         ctypes.CFUNCTYPE(None, ptr, i64)(loaded.symbols["_publish"]),
         ctypes.CFUNCTYPE(i64, ptr, i64, i64, i64)(loaded.symbols["_serve"]),
+        ctypes.CFUNCTYPE(i64, ptr)(loaded.symbols["_acquire"]),
         ctypes.CFUNCTYPE(i64, ptr, i64, ptr, ptr, ptr, ptr, i64)(loaded.symbols["_dispatch"]),
+        loaded.symbols["_dispatch"],
         rounds / elapsed,
     )
+
+
+def dispatch_address() -> int:
+    """The address of the native ``_dispatch`` (:mod:`teir.codegen.spin`)."""
+    return _native().dispatch_address
 
 
 @dataclass(frozen=True, eq=False)
@@ -125,23 +136,46 @@ _ARGUMENT_TYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64}
 NEST_SIGNATURE = ctypes.CFUNCTYPE(None, *[_ARGUMENT_TYPES[kind] for kind in NEST_ARGUMENTS])
 
 
+# The most workers a pool can have: its control block is allocated once, for all of them,
+# so that it never moves (direct calls find it through :data:`direct_state`).
+MAX_WORKERS = 255
+# [control block address (0 while there is no usable pool), workers]: what a direct call
+# (:mod:`teir.runtime.checked_call`) reads to dispatch without Python.
+direct_state = np.zeros(2, dtype=np.int64)
+
+
 class _Pool:
     """Worker threads that run slices of nest functions in native code (see
-    :mod:`teir.codegen.spin` for the control block)."""
+    :mod:`teir.codegen.spin` for the control block). It grows in place."""
 
     def __init__(self, workers: int) -> None:
-        self.workers = workers
-        self._control = np.zeros(control_words(workers), dtype=np.int64)
-        self._address = self._control.ctypes.data
+        self.workers = 0
+        self._control = np.zeros(control_words(MAX_WORKERS), dtype=np.int64)
+        self._address = int(self._control.ctypes.data)
         self._wake = threading.Condition()
-        self._running = threading.Lock()  # one call at a time uses the workers
+        self._running = threading.Lock()  # one Python caller at a time waits for the workers
         self._stopped = False
-        self._threads = [
-            threading.Thread(target=self._serve, args=(index,), name=f"teir-{index}", daemon=True)
-            for index in range(workers)
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._threads: list[threading.Thread] = []
+        self.grow(workers)
+
+    def grow(self, workers: int) -> None:
+        """Start workers up to ``workers`` (at most :data:`MAX_WORKERS`)."""
+        workers = min(workers, MAX_WORKERS)
+        with self._running:
+            if workers <= self.workers or self._stopped:
+                return
+            self._acquire()  # no call is running while the count changes
+            try:
+                for index in range(self.workers, workers):
+                    thread = threading.Thread(
+                        target=self._serve, args=(index,), name=f"teir-{index}", daemon=True
+                    )
+                    self._threads.append(thread)
+                    thread.start()
+                self.workers = workers
+                direct_state[:] = (self._address, workers)
+            finally:
+                self._release()
 
     def _serve(self, worker: int) -> None:
         native = _native()
@@ -155,39 +189,59 @@ class _Pool:
             if self._stopped:
                 return
 
+    def _acquire(self) -> None:
+        """Take the busy word; a direct call holds it while its wake-up or join is pending."""
+        native = _native()
+        while not native.acquire(self._address):
+            time.sleep(JOIN_SLEEP_SECONDS)
+
+    def _release(self) -> None:
+        _native().publish(self._address + 8 * BUSY_WORD, 0)
+
     def run(self, job: Job, in0: int, in1: int, out: int) -> None:
         """``job`` on these tensors: its first slice here, the others on workers."""
-        native = _native()
         with self._running:
-            if self._stopped:  # replaced by a larger pool after the caller picked this one
+            if self._stopped:  # at exit: the workers are gone
                 nest = NEST_SIGNATURE(job.function)
                 size, count = job.size, job.count
                 for index in range(count):
                     lo, hi = index * size // count, (index + 1) * size // count
                     nest(in0, in1, out, lo, hi, job.first, job.last)
                 return
-            call = (self._address, self.workers, job.address, in0, in1, out)
-            status = native.dispatch(*call, 0)
+            self._acquire()
+            status = _native().dispatch(self._address, self.workers, job.address, in0, in1, out, 0)
+            self.complete(job, in0, in1, out, status)
+
+    def complete(self, job: Job, in0: int, in1: int, out: int, status: int) -> None:
+        """Finish a dispatch of ``job`` that returned ``status`` (1: a worker sleeps; 2: the
+        native join gave up), then release the busy word."""
+        try:
             if status == 1:  # a worker sleeps: wake it, then run this slice and join
                 with self._wake:
                     self._wake.notify_all()
-                status = native.dispatch(*call, 1)
+                call = (self._address, self.workers, job.address, in0, in1, out, 1)
+                status = _native().dispatch(*call)
             if status == 2:  # a worker is still busy after the native join's polls
                 generation = int(self._control[0])
                 for worker in range(job.count - 1):
                     while int(self._control[done_word(worker)]) != generation:
                         time.sleep(JOIN_SLEEP_SECONDS)
+        finally:
+            self._release()
 
     def stop(self, wait: bool = False) -> None:
         """Let the workers end (they are idle: no call is running); ``wait`` for them to
         leave native code, as at exit, before the JIT's memory goes away."""
         with self._running:
+            self._acquire()
             self._stopped = True
+            direct_state[:] = 0
             for worker in range(self.workers):
                 self._control[task_word(worker)] = 0
             _native().publish(self._address, int(self._control[0]) + 1)
             with self._wake:
                 self._wake.notify_all()
+            self._release()
         if wait:
             for thread in self._threads:
                 thread.join(timeout=1.0)
@@ -196,17 +250,23 @@ class _Pool:
 def _pool(workers: int) -> _Pool:
     global _current
     with _lock:
-        if _current is None or _current.workers < workers:
-            old, _current = _current, _Pool(workers)
-            if old is not None:
-                old.stop()
+        if _current is None:
+            _current = _Pool(workers)
+        elif _current.workers < min(workers, MAX_WORKERS):
+            _current.grow(workers)
         return _current
+
+
+def current() -> _Pool | None:
+    """The pool, if one was started (in this process)."""
+    return _current
 
 
 def _forget_pool() -> None:
     """In a forked child the workers are gone: start a new pool on next use."""
     global _current, _lock
     _current, _lock = None, threading.Lock()
+    direct_state[:] = 0
 
 
 def _stop_at_exit() -> None:
