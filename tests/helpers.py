@@ -1,8 +1,11 @@
-"""Shared test helpers: paths, operand allocation."""
+"""Shared test helpers: paths, operand allocation, forked children."""
 
 from __future__ import annotations
 
+import multiprocessing
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -40,3 +43,15 @@ def out_array(start: np.ndarray, layout: str) -> np.ndarray:
         out[...] = start
         return out
     return start.copy()
+
+
+def forked_child_result(target: Callable[[Any], None]) -> Any:
+    """What ``target(queue)`` puts on its queue, run in a forked child that must exit cleanly
+    (the parent's thread pool and caches exist before the fork)."""
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=target, args=(queue,))
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    return queue.get(timeout=5)

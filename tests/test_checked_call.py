@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import teir
+from helpers import forked_child_result
 from teir.codegen.checked_call import DONE, FALLBACK
 from teir.codegen.spin import JOB_FIELDS
 from teir.frontend import direct_call
@@ -244,10 +245,4 @@ def _in_child(queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
 @pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork")
 def test_a_forked_child_falls_back_until_it_has_workers():
     _parallel_gemm()  # the parent's pool and checked calls exist before the fork
-    context = multiprocessing.get_context("fork")
-    queue = context.Queue()
-    child = context.Process(target=_in_child, args=(queue,))
-    child.start()
-    child.join(timeout=60)
-    assert child.exitcode == 0
-    assert queue.get(timeout=5) is True
+    assert forked_child_result(_in_child) is True

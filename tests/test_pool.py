@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import teir
+from helpers import forked_child_result
 from teir.runtime import pool
 
 
@@ -59,11 +60,11 @@ def test_the_pool_grows_in_place():
     _check(small, a2, x2, calls=2)
     before = pool._current
     assert before is not None
-    address = int(pool.direct_state[0])
+    address = int(pool.checked_state[0])
     big, a6, x6 = _gemm(1024, 6)
     _check(big, a6, x6, calls=2)
     assert pool._current is before and before.workers >= 5
-    assert tuple(pool.direct_state) == (address, before.workers)
+    assert tuple(pool.checked_state) == (address, before.workers)
     _check(small, a2, x2, calls=2)  # smaller calls use the grown pool
 
 
@@ -121,13 +122,7 @@ def _in_child(queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
 def test_a_forked_child_starts_its_own_workers():
     op, a, x = _gemm(1024, 2)
     _check(op, a, x, calls=2)  # the parent's pool exists before the fork
-    context = multiprocessing.get_context("fork")
-    queue = context.Queue()
-    child = context.Process(target=_in_child, args=(queue,))
-    child.start()
-    child.join(timeout=60)
-    assert child.exitcode == 0
-    assert queue.get(timeout=5) is True
+    assert forked_child_result(_in_child) is True
 
 
 def test_a_slice_outlasting_the_native_join_is_waited_for():

@@ -41,7 +41,7 @@ HEADER = (
     "first",
     "last",
     "job",  # the parallel job's words (0: call the nest on this thread)
-    "pool",  # address of [control block address, workers] (runtime.pool.direct_state)
+    "pool",  # address of [control block address, workers] (runtime.pool.checked_state)
     "dispatch",  # the spin module's _dispatch
     "helpers",  # workers the job needs
     "record0",

@@ -11,7 +11,7 @@ The control block is an array of i64, one 64-byte line per word group:
 
 - line 0, word 0: the generation, raised by the caller for every parallel call; word 1: 1
   while a caller owns the workers (from before it publishes until its slices are joined), set
-  by ``_acquire``: the pool's Python callers and the direct calls of
+  by ``_acquire``: the pool's Python callers and the checked calls of
   :mod:`teir.codegen.checked_call`, which hold the GIL instead of a Python lock, take turns
   through it;
 - line 1 + 2w, word 0: the last generation worker ``w`` finished; word 1: 1 while worker

@@ -27,7 +27,7 @@ from teir.codegen.target import Target
 from teir.kernels.arrays import data_address
 from teir.kernels.cache import CODE_CACHE
 from teir.runtime.operation import Operation
-from teir.runtime.pool import current, direct_state, dispatch_address
+from teir.runtime.pool import checked_state, current, dispatch_address
 
 # A checked call holds the GIL while its kernels run: only operations estimated (on one core)
 # below this get one; above it the Python path's microseconds do not matter.
@@ -145,7 +145,7 @@ class CheckedCall:
             "first": operation._flag_addresses[0],
             "last": operation._flag_addresses[1],
             "job": 0 if job is None else job.address,
-            "pool": int(direct_state.ctypes.data),
+            "pool": int(checked_state.ctypes.data),
             "dispatch": dispatch_address() if job is not None else 0,
             "helpers": 0 if job is None else job.count - 1,
         }

@@ -137,11 +137,11 @@ NEST_SIGNATURE = ctypes.CFUNCTYPE(None, *[_ARGUMENT_TYPES[kind] for kind in NEST
 
 
 # The most workers a pool can have: its control block is allocated once, for all of them,
-# so that it never moves (direct calls find it through :data:`direct_state`).
+# so that it never moves (checked calls find it through :data:`checked_state`).
 MAX_WORKERS = 255
-# [control block address (0 while there is no usable pool), workers]: what a direct call
+# [control block address (0 while there is no usable pool), workers]: what a checked call
 # (:mod:`teir.runtime.checked_call`) reads to dispatch without Python.
-direct_state = np.zeros(2, dtype=np.int64)
+checked_state = np.zeros(2, dtype=np.int64)
 
 
 class _Pool:
@@ -173,7 +173,7 @@ class _Pool:
                     self._threads.append(thread)
                     thread.start()
                 self.workers = workers
-                direct_state[:] = (self._address, workers)
+                checked_state[:] = (self._address, workers)
             finally:
                 self._release()
 
@@ -190,7 +190,7 @@ class _Pool:
                 return
 
     def _acquire(self) -> None:
-        """Take the busy word; a direct call holds it while its wake-up or join is pending."""
+        """Take the busy word; a checked call holds it while its wake-up or join is pending."""
         native = _native()
         while not native.acquire(self._address):
             time.sleep(JOIN_SLEEP_SECONDS)
@@ -235,7 +235,7 @@ class _Pool:
         with self._running:
             self._acquire()
             self._stopped = True
-            direct_state[:] = 0
+            checked_state[:] = 0
             for worker in range(self.workers):
                 self._control[task_word(worker)] = 0
             _native().publish(self._address, int(self._control[0]) + 1)
@@ -266,7 +266,7 @@ def _forget_pool() -> None:
     """In a forked child the workers are gone: start a new pool on next use."""
     global _current, _lock
     _current, _lock = None, threading.Lock()
-    direct_state[:] = 0
+    checked_state[:] = 0
 
 
 def _stop_at_exit() -> None:
