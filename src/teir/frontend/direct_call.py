@@ -39,13 +39,6 @@ def _c_strides(shape: tuple[int, ...], dtype: np.dtype[Any]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _span(array: np.ndarray) -> tuple[int, int]:
-    """The bytes ``array`` reaches: (offset of the lowest from its data address, count)."""
-    low = sum(min(0, (n - 1) * s) for n, s in zip(array.shape, array.strides))
-    high = sum(max(0, (n - 1) * s) for n, s in zip(array.shape, array.strides))
-    return low, high - low + array.itemsize
-
-
 @dataclass(frozen=True)
 class DirectCall:
     """A plan run on the operands' and out's addresses, for the shapes and strides of its key."""
@@ -123,6 +116,8 @@ def direct_call(
         repeats = any(n > 1 and s <= 0 for n, s in zip(out.shape, out.strides))
         if repeats or out.shape != plan.out_shape:
             return None
+    inputs = [ArrayLayout(a.shape, a.strides) for a in arrays]
+    itemsize = plan.dtype.itemsize
     run = plan.run
     checked = None
     if len(plan.regions) == 1 and plan.regions[0].offsets == (0, 0, 0):
@@ -132,13 +127,12 @@ def direct_call(
             result = ArrayLayout(plan.out_shape, _c_strides(plan.out_shape, plan.dtype), True)
         else:
             result = ArrayLayout(out.shape, out.strides, True)
-        layouts = [ArrayLayout(a.shape, a.strides) for a in arrays] + [result]
-        checked = checked_call(operation, layouts)
+        checked = checked_call(operation, [*inputs, result])
     return DirectCall(
         plan,
         plan.dtype,
-        tuple(_span(a) for a in arrays),
-        (0, 0) if out is None else _span(out),
+        tuple(layout.span(itemsize) for layout in inputs),
+        (0, 0) if out is None else ArrayLayout(out.shape, out.strides).span(itemsize),
         run,
         checked,
         math.prod(plan.out_shape) * plan.dtype.itemsize > SMALL_RESULT_BYTES,

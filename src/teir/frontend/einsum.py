@@ -432,8 +432,8 @@ class ContractExpression:
 
     def __call__(self, *operands: Any, out: Any = None) -> Any:
         if self.tree is None:  # the checked call einsum would try first
-            recent = (self.subscripts, len(operands), out is None)
-            call = _recent.get((*recent, self.accumulate, self.relu, self.threads))
+            options = (out is None, self.accumulate, self.relu, self.threads)
+            call = _recent.get((self.subscripts, len(operands), *options))
             if call is not None:
                 result = call.fast(operands, out)
                 if result is not None:
