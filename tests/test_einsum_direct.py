@@ -88,3 +88,34 @@ def test_data_address_reads_the_array_object():
     for array in (base, base[2:, 3:], base.T, base[::2], np.zeros(()), np.empty(0)):
         assert data_address(array) == _interface_address(array)
     assert data_address(base[1:]) == base.ctypes.data + 32
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(
+    ("subscripts", "shapes"),
+    [
+        ("ii", [(7, 7)]),
+        ("ij->", [(5, 9)]),
+        ("iij->j", [(4, 4, 6)]),
+        ("ijk,jl->il", [(5, 6, 3), (6, 4)]),
+        ("ij,klj->ik", [(5, 6), (2, 7, 6)]),
+    ],
+)
+def test_repeated_calls_summing_an_operand_first_stay_direct(dtype, subscripts, shapes):
+    rng = np.random.default_rng(7)
+    tolerance = 1e-5 if dtype == np.float32 else 1e-12
+    for _ in range(3):  # new arrays of the same layout every call
+        operands = [rng.standard_normal(shape).astype(dtype) for shape in shapes]
+        expected = np.einsum(subscripts, *operands)
+        result = teir.einsum(subscripts, *operands, threads=1)
+        np.testing.assert_allclose(result, expected, rtol=tolerance, atol=tolerance)
+        relu = teir.einsum(subscripts, *operands, threads=1, relu=True)
+        np.testing.assert_allclose(relu, np.maximum(expected, 0), rtol=tolerance, atol=tolerance)
+    key = einsum_module._key(subscripts, operands, None, False, False, 1)
+    call = einsum_module._plans[key][2]
+    assert call is not None and call.reduced and call.checked is None
+    # out= and accumulate on the same path
+    out = np.asarray(rng.standard_normal(np.shape(expected)).astype(dtype))
+    before = out.copy()
+    teir.einsum(subscripts, *operands, out=out, accumulate=True, threads=1)
+    np.testing.assert_allclose(out, before + expected, rtol=tolerance, atol=tolerance)

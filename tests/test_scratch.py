@@ -55,3 +55,22 @@ def test_large_requests_are_not_kept():
         assert large.shape == (count,)
     kept = scratch_module._buffer
     assert not kept or kept[0].nbytes <= SCRATCH_LIMIT_BYTES
+
+
+def test_scratch_bytes_places_arrays_where_scratch_would():
+    shapes = [(1024,), (3, 7)]
+    offsets, total = scratch_module.layout(shapes, np.float32)
+    with scratch(shapes, np.float32) as arrays:
+        base = arrays[0].ctypes.data
+        assert [a.ctypes.data - base for a in arrays] == offsets
+    with scratch_module.ScratchBytes(total) as address:
+        assert address == base and address % 64 == 0
+        # in use: a nested request gets other memory, and the lock is released after both
+        with scratch_module.ScratchBytes(total) as nested:
+            assert nested != address and nested % 64 == 0
+        with scratch(shapes, np.float32) as arrays:
+            assert arrays[0].ctypes.data != address
+    with scratch_module.ScratchBytes(SCRATCH_LIMIT_BYTES + 64) as large:
+        assert large != address and large % 64 == 0
+    with scratch_module.ScratchBytes(total) as again:
+        assert again == address

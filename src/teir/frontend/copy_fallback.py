@@ -210,9 +210,16 @@ def _first(buffer: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return buffer.reshape(-1)[: prod(shape)].reshape(shape)
 
 
-def run(plan: Plan, inputs: list[Operand], result: np.ndarray, step: RunStep) -> None:
+def run(
+    plan: Plan,
+    inputs: list[Operand],
+    result: np.ndarray,
+    step: RunStep,
+    buffers_used: list[np.ndarray] | None = None,
+) -> None:
     """Copy, contract and copy back into ``result`` as ``plan.canonical`` says, through
-    scratch buffers; where the copies are large, a chunk of one result label at a time."""
+    scratch buffers (appended to ``buffers_used``, for a replay of the steps); where the
+    copies are large, a chunk of one result label at a time."""
     assert plan.canonical is not None
     sizes = label_sizes(inputs, plan.subscripts.output)
     orders = plan.canonical
@@ -228,6 +235,8 @@ def run(plan: Plan, inputs: list[Operand], result: np.ndarray, step: RunStep) ->
 
     copied = [i for i, order in enumerate(orders) if order is not None]
     with scratch([shape(i, chunk) for i in copied], plan.dtype) as buffers:
+        if buffers_used is not None:
+            buffers_used.extend(buffers)
         buffer_of = dict(zip(copied, buffers))
         for index in copied:  # the inputs the chunks do not slice are copied once
             if index < 2 and not (label and label in own[index]):

@@ -32,6 +32,7 @@ from teir.frontend.einsum_plan import (
     sum_out,
     vector_fill,
 )
+from teir.frontend.fallback_call import FallbackCall, RecordedStep, fallback_call
 from teir.frontend.split_reduction import plan_split, split_views
 from teir.kernels.arrays import data_address
 from teir.runtime.arguments import as_array
@@ -40,7 +41,8 @@ from teir.runtime.scratch import scratch
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 PLAN_CACHE_SIZE = 4096
-_plans: dict[tuple[Any, ...], tuple[Plan, tuple[bool, ...], DirectCall | None]] = {}
+# Each plan with its per-call path: a direct call, a fallback's replay, or None (full path).
+_plans: dict[tuple[Any, ...], tuple[Plan, tuple[bool, ...], DirectCall | FallbackCall | None]] = {}
 # The last direct call with a checked call per (subscripts, operand count, out given or not,
 # accumulate, relu, threads): tried before the full key is built; the checked call itself
 # checks everything else.
@@ -55,8 +57,8 @@ def clear_plans() -> None:
         _recent.clear()
 
 
-def _remember(recent: tuple[Any, ...], call: DirectCall) -> None:
-    if call.checked is not None:
+def _remember(recent: tuple[Any, ...], call: DirectCall | FallbackCall) -> None:
+    if isinstance(call, DirectCall) and call.checked is not None:
         with _lock:
             if len(_recent) >= PLAN_CACHE_SIZE:
                 _recent.pop(next(iter(_recent)))
@@ -160,7 +162,7 @@ def _plan(
     one_thread = bool(plan.regions) and all(len(r.operation.slices) == 1 for r in plan.regions)
     if split and one_thread and plan.canonical is None and not any(plan.reductions):
         plan.split = plan_split(parsed, [a.shape for a in arrays], plan.dtype.itemsize, threads)
-    call = direct_call(plan, direct, arrays, out, accumulate)
+    call = direct_call(plan, inputs, arrays, out, accumulate)
     with _lock:
         if len(_plans) >= PLAN_CACHE_SIZE:
             _plans.pop(next(iter(_plans)))
@@ -274,7 +276,12 @@ def _one_or_two(
         out_array = _check_out(out_array, plan.out_shape, dtype)
     result = out_array if out_array is not None else aligned_empty(plan.out_shape, dtype)
     if plan.canonical is not None:
-        _through_canonical(plan, arrays, result, threads, accumulate, relu)
+        replay = _through_canonical(plan, arrays, out_array, result, threads, accumulate, relu)
+        if replay is not None:
+            key = _key(subscripts, arrays, out_array, accumulate, relu, threads, split)
+            with _lock:
+                if key in _plans and _plans[key][0] is plan:
+                    _plans[key] = (plan, direct, replay)
         return _returned(result, out)
     if plan.empty:
         if not accumulate:
@@ -329,29 +336,43 @@ def _one_or_two(
 def _through_canonical(
     plan: Plan,
     arrays: list[np.ndarray],
+    out: np.ndarray | None,
     result: np.ndarray,
     threads: int,
     accumulate: bool,
     relu: bool,
-) -> None:
-    """The documented fallback when no kernel layout fits (:mod:`copy_fallback`)."""
+) -> FallbackCall | None:
+    """The documented fallback when no kernel layout fits (:mod:`copy_fallback`); returns
+    the replay of its steps for later calls with the same key, or None if it has none."""
     prepared_operands = []
     for index, array in enumerate(arrays):
         prepared = operand(array, plan.subscripts.inputs[index], index)
         labels = plan.reductions[index]
         prepared_operands.append(sum_out(prepared, labels) if labels else prepared)
 
+    steps: list[RecordedStep] = []
+
     def step(subscripts: str, operands: list[np.ndarray], target: np.ndarray, last: bool) -> None:
+        options = (accumulate and last, relu and last)
         einsum(
             subscripts,
             *operands,
             out=target,
             threads=threads,
-            accumulate=accumulate and last,
-            relu=relu and last,
+            accumulate=options[0],
+            relu=options[1],
+        )
+        found = _plans.get(_key(subscripts, operands, target, *options, threads))
+        call = found[2] if found is not None else None
+        steps.append(
+            RecordedStep(call if isinstance(call, DirectCall) else None, tuple(operands), target)
         )
 
-    copy_fallback.run(plan, prepared_operands, result, step)
+    buffers: list[np.ndarray] = []
+    copy_fallback.run(plan, prepared_operands, result, step, buffers)
+    if any(plan.reductions):
+        return None
+    return fallback_call(plan.dtype, plan.out_shape, arrays, out, result, buffers, steps)
 
 
 TREE_CACHE_SIZE = 64

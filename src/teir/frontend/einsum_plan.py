@@ -107,17 +107,21 @@ def label_sizes(operands: list[Operand], output: tuple[str, ...]) -> dict[str, i
 
 def sum_out(op: Operand, labels: list[str]) -> Operand:
     """``op`` with ``labels`` summed away (a NumPy reduction into a new array)."""
-    view = np.lib.stride_tricks.as_strided(
-        op.array,
-        shape=[op.sizes[label] for label in op.labels],
-        strides=[op.strides[label] * op.array.itemsize for label in op.labels],
-    )
+    array, itemsize = op.array, op.array.itemsize
+    shape = tuple(op.sizes[label] for label in op.labels)
+    strides = tuple(op.strides[label] * itemsize for label in op.labels)
+    view = array
+    if array.shape != shape or array.strides != strides:  # a diagonal, or size-1 strides
+        view = np.lib.stride_tricks.as_strided(array, shape=shape, strides=strides)
     axes = tuple(op.labels.index(label) for label in labels)
-    reduced = np.ascontiguousarray(view.sum(axis=axes))
+    reduced = np.add.reduce(view, axis=axes)
+    # summing every axis gives a NumPy scalar, which must become an array (its address)
+    if not isinstance(reduced, np.ndarray) or not reduced.flags.c_contiguous:
+        reduced = np.ascontiguousarray(reduced)
     kept = [label for label in op.labels if label not in labels]
-    _, strides = element_strides(reduced)
+    _, kept_strides = element_strides(reduced)
     return Operand(
-        reduced, kept, {label: op.sizes[label] for label in kept}, dict(zip(kept, strides))
+        reduced, kept, {label: op.sizes[label] for label in kept}, dict(zip(kept, kept_strides))
     )
 
 

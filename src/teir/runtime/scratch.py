@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from teir.buffers import VECTOR_ALIGN, aligned_empty
+from teir.kernels.arrays import data_address
 
 SCRATCH_LIMIT_BYTES = 64 << 20
 
@@ -38,6 +39,26 @@ def _rounded(nbytes: int) -> int:
     return -(-nbytes // VECTOR_ALIGN) * VECTOR_ALIGN + SKEW_BYTES
 
 
+def layout(shapes: Sequence[tuple[int, ...]], dtype: Any) -> tuple[list[int], int]:
+    """The byte offset of each array :func:`scratch` carves for ``shapes``, and the bytes
+    they take in all."""
+    itemsize = np.dtype(dtype).itemsize
+    # math.prod, not np.prod: this runs on every einsum call that needs a temporary, and
+    # np.prod of a tuple costs microseconds
+    offsets, total = [], 0
+    for shape in shapes:
+        offsets.append(total)
+        total += _rounded(prod(shape) * itemsize)
+    return offsets, total
+
+
+def _shared(total: int) -> np.ndarray:
+    """The shared buffer, at least ``total`` bytes (the caller holds the lock)."""
+    if not _buffer or _buffer[0].size < total:
+        _buffer[:] = [aligned_empty((total,), np.uint8)]
+    return _buffer[0]
+
+
 @contextmanager
 def scratch(shapes: Sequence[tuple[int, ...]], dtype: Any) -> Iterator[list[np.ndarray]]:
     """Uninitialized, 64-byte-aligned arrays of ``shapes``, valid inside the ``with`` block
@@ -48,22 +69,47 @@ def scratch(shapes: Sequence[tuple[int, ...]], dtype: Any) -> Iterator[list[np.n
     ((2, 3), (4,), 0)
     """
     dtype = np.dtype(dtype)
-    # math.prod, not np.prod: this runs on every einsum call that needs a temporary, and
-    # np.prod of a tuple costs microseconds
-    counts = [prod(s) for s in shapes]
-    sizes = [_rounded(count * dtype.itemsize) for count in counts]
-    total = sum(sizes)
+    offsets, total = layout(shapes, dtype)
     if total > SCRATCH_LIMIT_BYTES or not _lock.acquire(blocking=False):
         yield [aligned_empty(s, dtype) for s in shapes]
         return
     try:
-        if not _buffer or _buffer[0].size < total:
-            _buffer[:] = [aligned_empty((total,), np.uint8)]
-        arrays, start = [], 0
-        for shape, size, count in zip(shapes, sizes, counts):
-            piece = _buffer[0][start : start + count * dtype.itemsize]
-            arrays.append(piece.view(dtype).reshape(shape))
-            start += size
-        yield arrays
+        buffer = _shared(total)
+        yield [
+            buffer[start : start + prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
+            for shape, start in zip(shapes, offsets)
+        ]
     finally:
         _lock.release()
+
+
+class ScratchBytes:
+    """``with ScratchBytes(total) as address:`` the address of ``total`` uninitialized,
+    64-byte-aligned bytes, valid inside the block only (the shared buffer, or a fresh one
+    when it is in use or ``total`` is over the limit): for callers that place their arrays
+    by address themselves (:func:`layout` gives :func:`scratch`'s placement)."""
+
+    __slots__ = ("_fresh", "_locked", "total")
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self._fresh: np.ndarray | None = None
+        self._locked = False
+
+    def __enter__(self) -> int:
+        if self.total <= SCRATCH_LIMIT_BYTES and _lock.acquire(blocking=False):
+            self._locked = True
+            try:
+                return data_address(_shared(self.total))
+            except BaseException:
+                self._locked = False
+                _lock.release()
+                raise
+        self._fresh = aligned_empty((max(self.total, 1),), np.uint8)
+        return data_address(self._fresh)
+
+    def __exit__(self, *exc: object) -> None:
+        self._fresh = None
+        if self._locked:
+            self._locked = False
+            _lock.release()
