@@ -91,24 +91,24 @@ class DirectCall:
         other = data_address(last) if len(operands) == 2 else 0
         if out is None:
             result = aligned_empty(self.plan.out_shape, dtype)
+            out_address = data_address(result)
         else:
             if not out.flags.writeable:
                 return None
-            out_start = data_address(out) + self.out_span[0]
+            out_address = data_address(out)
+            out_start = out_address + self.out_span[0]
             for input_address, (offset, count) in zip((address, other), self.spans):
                 if overlaps(out_start, self.out_span[1], input_address + offset, count):
                     return None  # computed into a temporary by the full path
             result = out
-        sums = [
-            sum_out(Operand(operands[index], labels, sizes, strides), summed)
-            for index, labels, sizes, strides, summed in self.reduced
-        ]
-        for (index, *_), total in zip(self.reduced, sums):
+        sums = []  # kept until the run has read them
+        for index, labels, sizes, strides, summed in self.reduced:
+            sums.append(sum_out(Operand(operands[index], labels, sizes, strides), summed).array)
             if index == 0:
-                address = data_address(total.array)
+                address = data_address(sums[-1])
             else:
-                other = data_address(total.array)
-        self.run(address, other, data_address(result))
+                other = data_address(sums[-1])
+        self.run(address, other, out_address)
         if out is None:
             return result[()] if result.ndim == 0 else result
         return out

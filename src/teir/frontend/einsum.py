@@ -351,6 +351,7 @@ def _through_canonical(
         prepared_operands.append(sum_out(prepared, labels) if labels else prepared)
 
     steps: list[RecordedStep] = []
+    record = not any(plan.reductions)  # a NumPy sum first is no step a replay could run
 
     def step(subscripts: str, operands: list[np.ndarray], target: np.ndarray, last: bool) -> None:
         options = (accumulate and last, relu and last)
@@ -362,15 +363,15 @@ def _through_canonical(
             accumulate=options[0],
             relu=options[1],
         )
-        found = _plans.get(_key(subscripts, operands, target, *options, threads))
-        call = found[2] if found is not None else None
-        steps.append(
-            RecordedStep(call if isinstance(call, DirectCall) else None, tuple(operands), target)
-        )
+        if record:
+            found = _plans.get(_key(subscripts, operands, target, *options, threads))
+            call = found[2] if found is not None else None
+            call = call if isinstance(call, DirectCall) else None
+            steps.append(RecordedStep(call, tuple(operands), target))
 
     buffers: list[np.ndarray] = []
     copy_fallback.run(plan, prepared_operands, result, step, buffers)
-    if any(plan.reductions):
+    if not record:
         return None
     return fallback_call(plan.dtype, plan.out_shape, arrays, out, result, buffers, steps)
 

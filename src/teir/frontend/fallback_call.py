@@ -89,11 +89,6 @@ class FallbackCall:
         return result[()] if out is None and result.ndim == 0 else result
 
 
-def _scratch_layout(buffers: Sequence[np.ndarray], dtype: np.dtype[Any]) -> tuple[Any, int]:
-    offsets, total = layout([buffer.shape for buffer in buffers], dtype)
-    return tuple(offsets), total
-
-
 def _span(array: np.ndarray) -> tuple[int, int]:
     """(lowest byte, bytes) that ``array`` reaches, as addresses."""
     offset, count = ArrayLayout(array.shape, array.strides).span(array.itemsize)
@@ -112,6 +107,8 @@ def fallback_call(
     """The replay of the fallback run that took ``steps`` on views of ``operands`` (as the
     call passed them), ``result`` and the scratch ``buffers``; None where a step had no
     direct call, or an array's root is not unique (roots overlapping)."""
+    if any(step.call is None or len(step.operands) not in (1, 2) for step in steps):
+        return None
     roots = [*operands, result, *buffers]
     spans = [_span(root) for root in roots]
     for i, (low, count) in enumerate(spans):
@@ -126,23 +123,22 @@ def fallback_call(
                 return index, data_address(array) - data_address(root)
         return None
 
-    replayed = []
+    replayed: list[ReplayStep] = []
     for step in steps:
-        if step.call is None or len(step.operands) not in (1, 2):
+        assert step.call is not None
+        in0, in1 = [source(array) for array in step.operands] + [NONE] * (2 - len(step.operands))
+        target = source(step.target)
+        if in0 is None or in1 is None or target is None:
             return None
-        sources = [source(array) for array in (*step.operands, step.target)]
-        if any(s is None for s in sources):
-            return None
-        in0, *rest = sources
-        in1 = rest[0] if len(step.operands) == 2 else NONE
-        assert in0 is not None and in1 is not None and rest[-1] is not None
-        replayed.append((step.call.run, in0, in1, rest[-1]))
+        replayed.append((step.call.run, in0, in1, target))
+    offsets, total = layout([buffer.shape for buffer in buffers], dtype)
     return FallbackCall(
         dtype,
         out_shape,
         len(operands),
         tuple(ArrayLayout(a.shape, a.strides).span(a.itemsize) for a in operands),
         None if out is None else ArrayLayout(out.shape, out.strides).span(out.itemsize),
-        *_scratch_layout(buffers, dtype),
+        tuple(offsets),
+        total,
         tuple(replayed),
     )
