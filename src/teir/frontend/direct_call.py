@@ -137,7 +137,7 @@ def direct_call(
         return None
     if accumulate and len(arrays) == 1:
         return None
-    if not plan.regions or any(a.dtype != plan.dtype for a in arrays):
+    if not (plan.regions or plan.lanes) or any(a.dtype != plan.dtype for a in arrays):
         return None
     if out is not None:
         repeats = any(n > 1 and s <= 0 for n, s in zip(out.shape, out.strides))

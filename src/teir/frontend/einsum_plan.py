@@ -7,7 +7,10 @@ are made only where documented: an operand with negative strides or strides that
 whole number of elements is copied to a contiguous array; a label that appears in one input
 only (and not in the output) is summed out of that input with NumPy first; a unary einsum that
 sums labels away reduces with NumPy before its permutation runs on a Copy kernel; an output
-that overlaps an input is computed into a temporary and copied back.
+that overlaps an input is computed into a temporary and copied back. Where no kernel layout
+fits, a batch label of unit stride in all three tensors runs as the vector lanes of a
+lane-batched contraction (:mod:`teir.frontend.lane_plan`); otherwise the operands are copied
+into layouts that fit (:mod:`teir.frontend.copy_fallback`).
 """
 
 from __future__ import annotations
@@ -24,11 +27,14 @@ from teir.codegen.brgemm import choose_blocking
 from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target
 from teir.frontend.einsum_parse import EinsumError, Subscripts
+from teir.frontend.lane_plan import lane_spec
 from teir.frontend.split_reduction import SplitReduction
 from teir.ir import Config
 from teir.optimizer import optimize_with_log
+from teir.runtime.lane_operation import LaneOperation, compile_lanes
 from teir.runtime.operation import Operation
 from teir.runtime.operation import compile as compile_config
+from teir.runtime.pool import default_threads
 
 
 @dataclass
@@ -156,9 +162,15 @@ class Plan:
     split: SplitReduction | None = None
     # With ``canonical``: the plan of the contraction that runs on the copies.
     product: Plan | None = None
+    # Set when a batch axis of unit stride in all three tensors runs as the vector lanes
+    # instead (no regions then).
+    lanes: LaneOperation | None = None
 
     def run(self, in0: int, in1: int, out: int) -> None:
         """Run every region on raw addresses (``in1`` 0 for a unary plan)."""
+        if self.lanes is not None:
+            self.lanes.run_addresses(in0, in1, out)
+            return
         size = self.dtype.itemsize
         for region in self.regions:
             o0, o1, oo = region.offsets
@@ -202,6 +214,8 @@ class Plan:
             # The operation planned on the operands as they lie does not run: show the one
             # that does.
             return "\n".join([*lines, "# the contraction of the copies:", self.product.explain()])
+        if self.lanes is not None:
+            return "\n".join([*lines, self.lanes.explain()])
         lines += [f"# optimize: {line}" for line in self.log]
         if self.operation is not None:
             lines += ["", self.operation.explain()]
@@ -349,6 +363,11 @@ def make_plan(
         and vector_fill(plan) < POOR_FILL
     )
     if len(inputs) == 2 and main is not None and (main.kind == "generic" or poor):
+        spec = lane_spec(fields, threads or default_threads(), Target.host())
+        if spec is not None:
+            plan.lanes = compile_lanes(spec, threads or default_threads())
+            plan.regions, plan.operation = [], None
+            return plan, inputs
         orders = canonical_orders(inputs, output)
         already = all(
             "".join(op.labels) == order and op.array.flags.c_contiguous

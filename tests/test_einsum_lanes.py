@@ -1,0 +1,165 @@
+"""Binary einsums whose batch axis has unit stride in all three tensors run as lane-batched
+contractions (``teir.codegen.lanes``): results against NumPy for every tail (rows, columns,
+K blocks, a partial batch vector), outer batch axes, permuted and strided layouts,
+accumulate and ReLU, and the cases that must stay on the copying fallback."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import teir
+from teir.codegen.lanes import KC_MAX
+from teir.frontend import einsum as einsum_module
+
+
+def _operands(rng, subscripts, sizes, dtype):
+    inputs = subscripts.split("->")[0].split(",")
+    return [(rng.random([sizes[c] for c in term]) - 0.3).astype(dtype) for term in inputs]
+
+
+def _expected(subscripts, arrays):
+    return np.einsum(subscripts, *[a.astype(np.float64) for a in arrays])
+
+
+def _tolerance(dtype, k):
+    return (1e-6 if dtype == np.float32 else 1e-13) * max(k, 1) ** 0.5 * 10
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    ("subscripts", "sizes"),
+    [
+        ("ijb,jkb->ikb", {"i": 24, "j": 16, "k": 30, "b": 32}),
+        # tails everywhere: rows (not a multiple of 4), columns (of 6), K (of 4)
+        ("ijb,jkb->ikb", {"i": 13, "j": 7, "k": 11, "b": 16}),
+        # K over several blocks (a loop over the middle ones), M over several jobs
+        ("ijb,jkb->ikb", {"i": 9, "j": 3 * KC_MAX + 5, "k": 8, "b": 16}),
+        ("ijb,jkb->ikb", {"i": 150, "j": 20, "k": 7, "b": 16}),
+        # a partial last batch vector (masked loads and stores)
+        ("ijb,jkb->ikb", {"i": 10, "j": 9, "k": 14, "b": 31}),
+        ("ijb,jkb->ikb", {"i": 10, "j": 9, "k": 14, "b": 15}),
+        # permuted M/N/K layouts and an outer batch axis with its own strides
+        ("jib,kjb->kib", {"i": 11, "j": 10, "k": 9, "b": 32}),
+        ("pijb,jpkb->kpib", {"p": 3, "i": 7, "j": 6, "k": 5, "b": 16}),
+        # two batch labels fused into one lane axis
+        ("ijbc,jkbc->ikbc", {"i": 5, "j": 6, "k": 7, "b": 2, "c": 8}),
+    ],
+)
+def test_lane_batched_einsums_match_numpy(dtype, threads, subscripts, sizes):
+    rng = np.random.default_rng(3)
+    arrays = _operands(rng, subscripts, sizes, dtype)
+    plan = teir.einsum_plan(subscripts, *arrays, threads=threads)
+    assert plan.lanes is not None
+    assert "lane-batched contraction" in plan.explain()
+    expected = _expected(subscripts, arrays)
+    tolerance = _tolerance(dtype, sizes["j"])
+    for _ in range(2):  # the second call takes the per-call path
+        result = teir.einsum(subscripts, *arrays, threads=threads)
+        np.testing.assert_allclose(result, expected, rtol=tolerance, atol=tolerance)
+        arrays = [a + 0.5 for a in arrays]
+        expected = _expected(subscripts, arrays)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_accumulate_and_relu_into_a_strided_out(dtype):
+    rng = np.random.default_rng(4)
+    sizes = {"i": 9, "j": 2 * KC_MAX + 3, "k": 13, "b": 16}
+    a, b = _operands(rng, "ijb,jkb->ikb", sizes, dtype)
+    # out: every other row and column of a larger array, the batch still contiguous; the
+    # elements in between must stay untouched
+    base = rng.random((18, 26, 16)).astype(dtype)
+    out = base[::2, ::2]
+    before = base.copy()
+    product = _expected("ijb,jkb->ikb", [a, b])
+    tolerance = _tolerance(dtype, sizes["j"])
+    for relu in (False, True):
+        out[...] = before[::2, ::2]
+        assert teir.einsum_plan("ijb,jkb->ikb", a, b, out=out, accumulate=True).lanes
+        teir.einsum("ijb,jkb->ikb", a, b, out=out, accumulate=True, relu=relu)
+        expected = before[::2, ::2] + product
+        if relu:
+            expected = np.maximum(expected, 0)
+        np.testing.assert_allclose(out, expected, rtol=tolerance, atol=tolerance)
+        untouched = np.ones(base.shape, bool)
+        untouched[::2, ::2] = False
+        assert np.array_equal(base[untouched], before[untouched])
+
+
+def test_out_overlapping_an_input_is_computed_into_a_temporary():
+    rng = np.random.default_rng(5)
+    a = rng.random((8, 8, 16)).astype(np.float32)
+    b = rng.random((8, 8, 16)).astype(np.float32)
+    expected = _expected("ijb,jkb->ikb", [a, b])
+    teir.einsum("ijb,jkb->ikb", a, b, out=a)
+    np.testing.assert_allclose(a, expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("subscripts", "sizes", "dtype"),
+    [
+        # 5 of 16 lanes: the copying fallback fills its kernels better
+        ("ijb,jkb->ikb", {"i": 9, "j": 7, "k": 6, "b": 5}, np.float32),
+        # 12 of 16 FP64 lanes (8 + 4): the partial vector costs a full one
+        ("ijb,jkb->ikb", {"i": 9, "j": 7, "k": 6, "b": 12}, np.float64),
+        # two M axes that do not fuse
+        ("iljb,jkb->likb", {"i": 4, "l": 3, "j": 5, "k": 6, "b": 16}, np.float32),
+    ],
+)
+def test_cases_that_stay_on_the_copying_fallback(subscripts, sizes, dtype):
+    rng = np.random.default_rng(6)
+    arrays = _operands(rng, subscripts, sizes, dtype)
+    plan = teir.einsum_plan(subscripts, *arrays)
+    assert plan.lanes is None
+    assert plan.canonical is not None
+    np.testing.assert_allclose(
+        teir.einsum(subscripts, *arrays), _expected(subscripts, arrays), rtol=1e-4
+    )
+
+
+def test_a_batch_axis_without_unit_stride_in_every_tensor_is_not_lanes():
+    rng = np.random.default_rng(7)
+    a = rng.random((6, 5, 32)).astype(np.float32)
+    b = rng.random((5, 7, 64)).astype(np.float32)[:, :, ::2]  # batch stride 2 in in1
+    plan = teir.einsum_plan("ijb,jkb->ikb", a, b)
+    assert plan.lanes is None
+    np.testing.assert_allclose(
+        teir.einsum("ijb,jkb->ikb", a, b), _expected("ijb,jkb->ikb", [a, b]), rtol=1e-5
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    dtype=st.sampled_from([np.float32, np.float64]),
+    m=st.integers(1, 14),
+    n=st.integers(1, 14),
+    k=st.integers(1, 110),
+    vectors=st.integers(1, 3),
+    short=st.integers(0, 1),
+    order=st.permutations("ijb"),
+    threads=st.integers(1, 3),
+    accumulate=st.booleans(),
+    relu=st.booleans(),
+)
+def test_generated_lane_einsums(dtype, m, n, k, vectors, short, order, threads, accumulate, relu):
+    lanes = 16 if dtype == np.float32 else 8
+    batch = vectors * lanes - short
+    in0 = "".join(order).replace("b", "") + "b"
+    subscripts = f"{in0},jkb->ikb"
+    sizes = {"i": m, "j": k, "k": n, "b": batch}
+    rng = np.random.default_rng(m * 1000 + n * 10 + k)
+    arrays = _operands(rng, subscripts, sizes, dtype)
+    out = rng.random((m, n, batch)).astype(dtype)
+    expected = _expected(subscripts, arrays) + (out if accumulate else 0)
+    if relu:
+        expected = np.maximum(expected, 0)
+    teir.einsum(subscripts, *arrays, out=out, threads=threads, accumulate=accumulate, relu=relu)
+    tolerance = _tolerance(dtype, k)
+    np.testing.assert_allclose(out, expected, rtol=tolerance, atol=tolerance)
+
+
+def teardown_module() -> None:
+    einsum_module.clear_plans()
