@@ -176,9 +176,12 @@ class CheckedCall:
 def checked_call(operation: Operation, layouts: Sequence[ArrayLayout]) -> CheckedCall | None:
     """A checked call of ``operation`` for arguments of these layouts (in0[, in1], out), or
     None where there cannot be one: the operation runs long (the call holds the GIL), or this
-    interpreter's array objects are laid out unlike the verified ones."""
+    interpreter's array objects are laid out unlike the verified ones, or the operation keeps
+    a packed panel on the stack (its Python call checks the calling thread's stack first)."""
     native = _native()
     if native is None or operation.estimated_seconds > MAX_ESTIMATED_SECONDS:
+        return None
+    if operation.stack_bytes:
         return None
     if len(layouts) not in (2, 3):
         return None

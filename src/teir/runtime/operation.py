@@ -43,6 +43,7 @@ from teir.runtime.pool import (
     parallel_job,
     run_parallel,
 )
+from teir.runtime.stack import check_stack
 
 _VOID_P = ctypes.c_void_p
 _NAMES = ("in0", "in1", "out")
@@ -89,6 +90,9 @@ class Operation:
             self._job = parallel_job(
                 self._function, self._parallel_size, len(self.slices), *self._flag_addresses
             )
+        panel = nest.panel
+        # the packed panel's stack buffer, which the calling thread must have room for
+        self.stack_bytes = 0 if panel is None else panel.elements * config.dtype.itemsize
 
     def _generate(self, prefix: str) -> str:
         module = Module()
@@ -146,6 +150,8 @@ class Operation:
         """Run on element-buffer addresses (0 for unused inputs). Nothing is checked: the
         caller guarantees that the configuration's strides stay inside each buffer, that out
         is writable and that it does not overlap an input."""
+        if self.stack_bytes:
+            check_stack(self.stack_bytes, "this operation")
         if self._job is None:
             first, last = self._flag_addresses
             self._native(in0, in1, out, 0, self._parallel_size, first, last)

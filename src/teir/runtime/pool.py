@@ -136,6 +136,8 @@ _ARGUMENT_TYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64}
 NEST_SIGNATURE = ctypes.CFUNCTYPE(None, *[_ARGUMENT_TYPES[kind] for kind in NEST_ARGUMENTS])
 
 
+# The least stack a worker thread gets (the platform's default where that is larger).
+WORKER_STACK_BYTES = 8 << 20
 # The most workers a pool can have: its control block is allocated once, for all of them,
 # so that it never moves (checked calls find it through :data:`checked_state`).
 MAX_WORKERS = 255
@@ -165,7 +167,12 @@ class _Pool:
             if workers <= self.workers or self._stopped:
                 return
             self._acquire()  # no call is running while the count changes
+            # Kernels keep packing buffers on the stack (up to about 0.75 MiB): workers get
+            # at least WORKER_STACK_BYTES even where the process asked for smaller threads.
+            requested = threading.stack_size()
             try:
+                if requested and requested < WORKER_STACK_BYTES:
+                    threading.stack_size(WORKER_STACK_BYTES)
                 for index in range(self.workers, workers):
                     thread = threading.Thread(
                         target=self._serve, args=(index,), name=f"teir-{index}", daemon=True
@@ -175,6 +182,8 @@ class _Pool:
                 self.workers = workers
                 checked_state[:] = (self._address, workers)
             finally:
+                if requested and requested < WORKER_STACK_BYTES:
+                    threading.stack_size(requested)
                 self._release()
 
     def _serve(self, worker: int) -> None:

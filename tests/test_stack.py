@@ -1,0 +1,94 @@
+"""Kernels with packing buffers on the stack never run on a thread too small for them: the
+caller gets a clear error, and the pool's workers get stacks large enough even when the
+process asked for small threads."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import teir
+from teir.runtime.stack import thread_stack_bytes
+
+
+def _on_thread(stack_bytes: int, function):  # type: ignore[no-untyped-def]
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(function())
+        except Exception as error:  # handed to the test thread
+            outcome.append(error)
+
+    previous = threading.stack_size(stack_bytes)
+    try:
+        thread = threading.Thread(target=run)
+        thread.start()
+    finally:
+        threading.stack_size(previous)
+    thread.join()
+    return outcome[0]
+
+
+def test_thread_stack_size_is_read():
+    size = _on_thread(64 << 20, thread_stack_bytes)  # above any stack glibc keeps for reuse
+    if size is None:
+        pytest.skip("this platform does not report thread stack sizes")
+    assert 64 << 20 <= size < 65 << 20
+
+
+@pytest.mark.parametrize(
+    ("subscripts", "shapes", "dtype"),
+    [
+        ("ijb,jkb->ikb", [(96, 96, 32), (96, 96, 32)], np.float32),  # lane packing buffers
+        ("ik,kj->ij", [(1000, 1000), (1000, 1000)], np.float64),  # a packed panel
+    ],
+)
+def test_a_thread_too_small_for_the_buffers_gets_an_error(subscripts, shapes, dtype):
+    rng = np.random.default_rng(0)
+    arrays = [rng.random(shape).astype(dtype) for shape in shapes]
+    expected = np.einsum(subscripts, *arrays)
+
+    def call():  # type: ignore[no-untyped-def]
+        return teir.einsum(subscripts, *arrays, threads=1)
+
+    def small_call():  # type: ignore[no-untyped-def]
+        # glibc may hand a new thread the larger stack of one that ended
+        size = thread_stack_bytes()
+        if size is None or size >= 512 << 10:
+            return size, None
+        try:
+            return size, call()
+        except teir.ExecutionError as error:
+            return size, error
+
+    size, error = _on_thread(256 << 10, small_call)
+    if size is None or size >= 512 << 10:
+        pytest.skip(f"no small thread stack to test on (got {size})")
+    assert isinstance(error, teir.ExecutionError)
+    assert "stack" in str(error) and "threading.stack_size" in str(error)
+    result = _on_thread(8 << 20, call)
+    np.testing.assert_allclose(result, expected, rtol=1e-4)
+
+
+def test_pool_workers_get_large_stacks_where_the_process_asks_for_small_ones():
+    script = textwrap.dedent(
+        """
+        import threading
+        threading.stack_size(256 * 1024)
+        import numpy as np, teir
+        a = np.random.default_rng(0).random((96, 96, 32)).astype(np.float32)
+        r = teir.einsum("ijb,jkb->ikb", a, a, threads=2)
+        assert np.allclose(r, np.einsum("ijb,jkb->ikb", a, a), rtol=1e-4)
+        assert threading.stack_size() == 256 * 1024  # the process's setting is kept
+        print("ok")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
