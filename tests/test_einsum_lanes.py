@@ -163,3 +163,44 @@ def test_generated_lane_einsums(dtype, m, n, k, vectors, short, order, threads, 
 
 def teardown_module() -> None:
     einsum_module.clear_plans()
+
+
+@pytest.mark.parametrize(
+    ("subscripts", "swapped"), [("ikb,klb->ilb", False), ("klb,ikb->ilb", True)]
+)
+def test_the_output_axis_further_apart_becomes_the_kernels_rows(subscripts, swapped):
+    # out[i, l, b]: i lies further apart than l, so i's operand is packed as the kernel's
+    # rows whichever operand it is
+    rng = np.random.default_rng(8)
+    sizes = {"i": 13, "k": 10, "l": 9, "b": 16}
+    arrays = _operands(rng, subscripts, sizes, np.float32)
+    plan = teir.einsum_plan(subscripts, *arrays, threads=2)
+    assert plan.lanes is not None and plan.lanes.spec.swapped is swapped
+    assert plan.lanes.spec.m == sizes["i"]
+    tolerance = _tolerance(np.float32, sizes["k"])
+    np.testing.assert_allclose(
+        teir.einsum(subscripts, *arrays, threads=2),
+        _expected(subscripts, arrays),
+        rtol=tolerance,
+        atol=tolerance,
+    )
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_multi_operand_einsums_keep_the_batch_innermost(dtype):
+    # every pairwise contraction runs as a lane-batched one on the layouts as they are: the
+    # tree inserts no permutation (copy) nodes
+    subscripts = "ijb,jkb,klb->ilb"
+    sizes = {"i": 8, "j": 9, "k": 10, "l": 11, "b": 16}
+    rng = np.random.default_rng(9)
+    arrays = _operands(rng, subscripts, sizes, dtype)
+    expression = teir.contract_expression(subscripts, *[a.shape for a in arrays], dtype=dtype)
+    text = expression.explain()
+    assert "permutation" not in text
+    assert text.count("lane-batched contraction") == 2
+    tolerance = _tolerance(dtype, 100)
+    expected = _expected(subscripts, arrays)
+    np.testing.assert_allclose(expression(*arrays), expected, rtol=tolerance, atol=tolerance)
+    np.testing.assert_allclose(
+        teir.einsum(subscripts, *arrays), expected, rtol=tolerance, atol=tolerance
+    )

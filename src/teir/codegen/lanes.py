@@ -74,6 +74,9 @@ class LaneSpec:
     beta: int = 0
     relu: bool = False
     mc: int = 0  # rows per job (the last one may have fewer); 0: as many as fit the stack
+    # in0 and in1 of this spec are the caller's in1 and in0 (the function's pointers are
+    # taken in the caller's order and exchanged)
+    swapped: bool = False
 
     def __post_init__(self) -> None:
         if self.mc <= 0:
@@ -101,7 +104,10 @@ class LaneSpec:
 
     @property
     def nc(self) -> int:
-        return -(-self.n // -(-self.n // NC_MAX))
+        """Columns per in1 block: N in equal blocks of at most NC_MAX, each a whole number
+        of register blocks (a block of 22 put a 4-column tail in every one)."""
+        per_block = -(-self.n // -(-self.n // NC_MAX))
+        return min(self.n, -(-per_block // NR) * NR)
 
     @property
     def name(self) -> str:
@@ -110,6 +116,7 @@ class LaneSpec:
             f"lanes_f{self.itemsize * 8}x{self.lanes}_c{self.batch}_m{self.m}s{self.m_in0}s"
             f"{self.m_out}_n{self.n}s{self.n_in1}s{self.n_out}_k{self.k}s{self.k_in0}s"
             f"{self.k_in1}_o{outer}_b{self.beta}{'_relu' if self.relu else ''}_mc{self.mc}"
+            f"{'_swapped' if self.swapped else ''}"
         )
 
     def stack_bytes(self) -> int:
@@ -484,7 +491,8 @@ class _LaneEmitter:
                 rest = f.assign(f"udiv i64 {rest}, {size}", "j")
                 for i, stride in enumerate((s0, s1, so)):
                     offsets[i] = f.add_i64(offsets[i], f.mul_i64(position, stride))
-            bases = [f.gep(t, base, offsets[i]) for i, base in enumerate(("%in0", "%in1", "%out"))]
+            pointers = ("%in1", "%in0", "%out") if spec.swapped else ("%in0", "%in1", "%out")
+            bases = [f.gep(t, base, offsets[i]) for i, base in enumerate(pointers)]
 
             def run(mc: int, active: int) -> Callable[[], None]:
                 def call() -> None:

@@ -53,7 +53,18 @@ def lane_spec(fields: dict[str, Any], threads: int, target: Target) -> LaneSpec 
     if batch / (ceil(batch / lanes) * lanes) < MIN_FILL:
         return None  # lanes would idle: the copying fallback fills them
     (m,), (n,), (k,) = by_type[DimType.M], by_type[DimType.N], by_type[DimType.K]
-    outer = tuple((a.size, *a.strides) for a in by_type[DimType.C] if a is not unit[0])
+    first, second = Tensor.IN0, Tensor.IN1
+    # The kernel's rows (M) are the output axis further apart in memory: its register block
+    # then stores a few runs of neighbouring vectors rather than many short ones (64^3 x 32
+    # FP32, 2 threads: 63 -> 71 % of peak with the operands' roles exchanged).
+    swapped = m.stride(Tensor.OUT) < n.stride(Tensor.OUT)
+    if swapped:
+        m, n, first, second = n, m, second, first
+    outer = tuple(
+        (a.size, a.stride(first), a.stride(second), a.stride(Tensor.OUT))
+        for a in by_type[DimType.C]
+        if a is not unit[0]
+    )
     prims = problem.primitives
     spec = LaneSpec(
         itemsize=itemsize,
@@ -62,15 +73,16 @@ def lane_spec(fields: dict[str, Any], threads: int, target: Target) -> LaneSpec 
         m=m.size,
         n=n.size,
         k=k.size,
-        m_in0=m.stride(Tensor.IN0),
+        m_in0=m.stride(first),
         m_out=m.stride(Tensor.OUT),
-        n_in1=n.stride(Tensor.IN1),
+        n_in1=n.stride(second),
         n_out=n.stride(Tensor.OUT),
-        k_in0=k.stride(Tensor.IN0),
-        k_in1=k.stride(Tensor.IN1),
+        k_in0=k.stride(first),
+        k_in1=k.stride(second),
         outer=outer,
         beta=0 if prims.prim_first is PrimFirst.ZERO else 1,
         relu=prims.prim_last is PrimLast.RELU,
+        swapped=swapped,
     )
     return _balanced(spec, threads)
 

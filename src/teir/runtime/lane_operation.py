@@ -60,16 +60,17 @@ class LaneOperation:
     def explain(self) -> str:
         spec = self.spec
         outer = "".join(f" x outer C {size}" for size, *_ in spec.outer)
+        a, b = ("in1", "in0") if spec.swapped else ("in0", "in1")
         lines = [
             f"# lane-batched contraction: a batch axis of {spec.batch} with unit stride in "
             f"in0, in1 and out runs as the vector lanes ({spec.groups} vector(s) of "
             f"{spec.lanes}){outer}",
-            f"#   out[m, n, c] {'+' if spec.beta else ''}= sum_k in0[m, k, c] * in1[k, n, c]"
-            f"{' then ReLU' if spec.relu else ''}: M {spec.m} (strides in0 {spec.m_in0}, "
-            f"out {spec.m_out}), N {spec.n} (in1 {spec.n_in1}, out {spec.n_out}), "
-            f"K {spec.k} (in0 {spec.k_in0}, in1 {spec.k_in1})",
-            f"#   register block {MR} x {NR} vectors; in0 packed in blocks of {spec.mc} x "
-            f"{spec.kc}, in1 in blocks of {spec.kc} x {spec.nc} (aligned, on the stack: "
+            f"#   out[m, n, c] {'+' if spec.beta else ''}= sum_k {a}[m, k, c] * {b}[k, n, c]"
+            f"{' then ReLU' if spec.relu else ''}: M {spec.m} (strides {a} {spec.m_in0}, "
+            f"out {spec.m_out}), N {spec.n} ({b} {spec.n_in1}, out {spec.n_out}), "
+            f"K {spec.k} ({a} {spec.k_in0}, {b} {spec.k_in1})",
+            f"#   register block {MR} x {NR} vectors; {a} packed in blocks of {spec.mc} x "
+            f"{spec.kc}, {b} in blocks of {spec.kc} x {spec.nc} (aligned, on the stack: "
             f"{spec.stack_bytes() // 1024} KiB)",
             f"#   jobs: {spec.jobs} (batch vector x block of {spec.mc} rows"
             f"{' x outer index' if spec.outer else ''})",

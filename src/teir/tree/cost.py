@@ -3,7 +3,9 @@ layouts, lowered (no code generated), and its kernel's expected efficiency.
 
 Costs are in FLOP-equivalents of one core at peak: a contraction costs its FLOPs over the
 kernel's expected efficiency plus a fixed overhead per kernel call; a permutation costs its
-bytes at the rate a core copies them relative to its FMA peak.
+bytes at the rate a core copies them relative to its FMA peak. A contraction that no GEMM
+layout fits but whose batch has unit stride everywhere runs as a lane-batched contraction
+(:mod:`teir.frontend.lane_plan`): neither a scalar fallback nor a node to legalize.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 
 from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target
+from teir.frontend.lane_plan import lane_spec
 from teir.ir import Config
 from teir.lower.nest import lower
 from teir.optimizer import optimize_with_log
@@ -28,6 +31,10 @@ from teir.tree.nodes import Node, NodeKind
 COPY_FLOPS_PER_BYTE = 8.0
 CALL_FLOPS = 2000.0
 GENERIC_EFFICIENCY = 0.03
+# A lane-batched contraction (a batch of unit stride everywhere as the vector lanes) runs at
+# about this fraction of peak, times the fraction of its lanes the batch fills (96^3 x 32:
+# 0.80-0.85 on 2 threads, packing included).
+LANE_EFFICIENCY = 0.8
 
 
 def _fill(extent: int, lanes: int) -> float:
@@ -66,6 +73,10 @@ def _contraction_cost(
     main = nest.main
     flops = float(node.flops(sizes))
     if main is None or not isinstance(main.spec, BrgemmSpec):
+        lanes_spec = lane_spec(fields, threads, Target.host()) if main is not None else None
+        if lanes_spec is not None:  # teir.einsum's plan runs it as a lane-batched contraction
+            fill = _fill(lanes_spec.batch, lanes_spec.lanes)
+            return flops / (LANE_EFFICIENCY * fill)
         return flops / GENERIC_EFFICIENCY
     lanes = Target.host().lanes(dt.itemsize)
     calls = nest.iterations * max(1, prod(loop.size for loop in main.loops))
@@ -94,7 +105,8 @@ def node_cost(
 
 
 def is_generic(node: Node, sizes: Sequence[int], dtype: Any, threads: int) -> bool:
-    """Whether the node's kernel is the scalar fallback (no layout fits a GEMM kernel)."""
+    """Whether the node's kernel is the scalar fallback (no layout fits a GEMM kernel, and
+    no batch of unit stride everywhere lets it run as a lane-batched contraction)."""
     if node.kind is not NodeKind.CONTRACTION:
         return False
     return _is_generic(node, tuple(sizes), np.dtype(dtype).str, threads)
@@ -103,7 +115,10 @@ def is_generic(node: Node, sizes: Sequence[int], dtype: Any, threads: int) -> bo
 @lru_cache(maxsize=4096)  # the tree optimizer asks for every candidate layout of every node
 def _is_generic(node: Node, sizes: tuple[int, ...], dtype: str, threads: int) -> bool:
     main = lower(node_config(node, sizes, dtype, threads)).main
-    return main is not None and main.kind == "generic"
+    if main is None or main.kind != "generic":
+        return False
+    fields = node_fields(node, [c.ids for c in node.children], sizes, np.dtype(dtype))
+    return lane_spec(fields, threads, Target.host()) is None
 
 
 def node_config(node: Node, sizes: Sequence[int], dtype: Any, threads: int) -> Config:

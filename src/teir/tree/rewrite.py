@@ -79,6 +79,12 @@ def _wanted_orders(parent: Node, position: int, child: Node) -> list[tuple[int, 
     if child.kind is NodeKind.CONTRACTION:
         cr = roles(child)
         orders.append(_complete(cr["C"] + cr["N"] + cr["M"], child.ids))
+    batch = parent.ids[-1] if parent.ids else None
+    if batch in r["C"]:
+        # the parent's innermost label is a batch: with it innermost in the child too, the
+        # parent can run as a lane-batched contraction on the layouts as they are
+        others = [x for x in r["C"] if x != batch]
+        orders.append(_complete(others + own + k + [batch], child.ids))
     return orders
 
 
