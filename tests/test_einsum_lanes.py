@@ -47,6 +47,10 @@ def _tolerance(dtype, k):
         ("pijb,jpkb->kpib", {"p": 3, "i": 7, "j": 6, "k": 5, "b": 16}),
         # two batch labels fused into one lane axis
         ("ijbc,jkbc->ikbc", {"i": 5, "j": 6, "k": 7, "b": 2, "c": 8}),
+        # no N, no M, no K (batched matrix-vector, vector-matrix and outer products)
+        ("ijb,jb->ib", {"i": 37, "j": 29, "b": 32}),
+        ("jb,jkb->kb", {"j": 29, "k": 13, "b": 16}),
+        ("ib,kb->ikb", {"i": 9, "k": 14, "b": 32}),
     ],
 )
 def test_lane_batched_einsums_match_numpy(dtype, threads, subscripts, sizes):
@@ -56,7 +60,7 @@ def test_lane_batched_einsums_match_numpy(dtype, threads, subscripts, sizes):
     assert plan.lanes is not None
     assert "lane-batched contraction" in plan.explain()
     expected = _expected(subscripts, arrays)
-    tolerance = _tolerance(dtype, sizes["j"])
+    tolerance = _tolerance(dtype, sizes.get("j", 1))
     for _ in range(2):  # the second call takes the per-call path
         result = teir.einsum(subscripts, *arrays, threads=threads)
         np.testing.assert_allclose(result, expected, rtol=tolerance, atol=tolerance)

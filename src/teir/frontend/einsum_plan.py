@@ -362,12 +362,18 @@ def make_plan(
         and plan.operation.config.flops >= POOR_FILL_INTENSITY * elements
         and vector_fill(plan) < POOR_FILL
     )
-    if len(inputs) == 2 and main is not None and (main.kind == "generic" or poor):
+    one_element = (
+        main is not None
+        and isinstance(main.spec, BrgemmSpec)
+        and main.spec.m == main.spec.n == main.spec.k == 1
+    )
+    if len(inputs) == 2 and main is not None and (main.kind == "generic" or poor or one_element):
         spec = lane_spec(fields, threads or default_threads(), Target.host())
-        if spec is not None:
+        if spec is not None and (not one_element or (spec.m > 1 and spec.n > 1)):
             plan.lanes = compile_lanes(spec, threads or default_threads())
             plan.regions, plan.operation = [], None
             return plan, inputs
+    if len(inputs) == 2 and main is not None and (main.kind == "generic" or poor):
         orders = canonical_orders(inputs, output)
         already = all(
             "".join(op.labels) == order and op.array.flags.c_contiguous

@@ -32,8 +32,8 @@ JOB_ROWS = 8
 def lane_spec(fields: dict[str, Any], threads: int, target: Target) -> LaneSpec | None:
     """The lane-batched contraction computing the binary configuration ``fields`` (one axis
     per label, as the einsum planner builds it), or None where it does not fit: no C axis
-    of unit stride in all three tensors filling ``MIN_FILL`` of its vectors, or not exactly
-    one M, one N and one K axis once coherent axes are fused."""
+    of unit stride in all three tensors filling ``MIN_FILL`` of its vectors, or more than one
+    M, N or K axis once coherent axes are fused (a missing one has size 1)."""
     problem = problem_from(fields)
     if not problem.primitives.prim_main.is_contraction:
         return None
@@ -47,8 +47,12 @@ def lane_spec(fields: dict[str, Any], threads: int, target: Target) -> LaneSpec 
     for axis in problem.axes:
         by_type[axis.dim_type].append(axis)
     unit = [a for a in by_type[DimType.C] if a.strides == (1, 1, 1)]
-    if len(unit) != 1 or any(len(by_type[t]) != 1 for t in (DimType.M, DimType.N, DimType.K)):
+    if len(unit) != 1 or any(len(by_type[t]) > 1 for t in (DimType.M, DimType.N, DimType.K)):
         return None
+    for dim_type in (DimType.M, DimType.N, DimType.K):
+        # a missing one is an axis of size 1 (a batched matrix-vector or outer product):
+        # the copying fallback would copy the large operand or the result for it
+        by_type[dim_type] = by_type[dim_type] or [Axis(dim_type, 1, (0, 0, 0))]
     batch = unit[0].size
     if batch / (ceil(batch / lanes) * lanes) < MIN_FILL:
         return None  # lanes would idle: the copying fallback fills them
