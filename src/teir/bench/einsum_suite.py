@@ -157,7 +157,7 @@ def _teir_round(
         arrays: list[np.ndarray] = [
             rng.uniform(-1, 1, shape).astype(np_dtype) for shape in _shapes(subscripts, sizes)
         ]
-        out = np.empty(np.shape(einsum(subscripts, *arrays, threads=threads)), np_dtype)
+        out = np.zeros(np.shape(einsum(subscripts, *arrays, threads=threads)), np_dtype)
         times.append(_time_teir(subscripts, arrays, out, threads, seconds))
         if kind == "permutation":  # the probe's copy bandwidth for the same bytes, this round
             bandwidth[name] = max(bandwidth.get(name, 0.0), machine.copy_bandwidth(out.nbytes))
