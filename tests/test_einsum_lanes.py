@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import teir
 from teir.codegen.lanes import KC_MAX
+from teir.codegen.target import Target
 from teir.frontend import einsum as einsum_module
 
 
@@ -93,6 +94,27 @@ def test_accumulate_and_relu_into_a_strided_out(dtype):
         assert np.array_equal(base[untouched], before[untouched])
 
 
+@pytest.mark.parametrize(("dtype", "batch"), [(np.float32, 8), (np.float32, 24), (np.float64, 4)])
+def test_a_batch_that_fills_half_width_vectors_uses_them_where_they_are_free(dtype, batch):
+    rng = np.random.default_rng(10)
+    sizes = {"i": 11, "j": 13, "k": 7, "b": batch}
+    arrays = _operands(rng, "ijb,jkb->ikb", sizes, dtype)
+    plan = teir.einsum_plan("ijb,jkb->ikb", *arrays)
+    target = Target.host()
+    full = target.lanes(np.dtype(dtype).itemsize)
+    if target.half_width_is_free:
+        assert plan.lanes is not None and plan.lanes.spec.lanes == full // 2
+    elif batch % full:
+        assert plan.lanes is None or plan.lanes.spec.lanes == full
+    tolerance = _tolerance(dtype, sizes["j"])
+    np.testing.assert_allclose(
+        teir.einsum("ijb,jkb->ikb", *arrays),
+        _expected("ijb,jkb->ikb", arrays),
+        rtol=tolerance,
+        atol=tolerance,
+    )
+
+
 def test_out_overlapping_an_input_is_computed_into_a_temporary():
     rng = np.random.default_rng(5)
     a = rng.random((8, 8, 16)).astype(np.float32)
@@ -107,8 +129,8 @@ def test_out_overlapping_an_input_is_computed_into_a_temporary():
     [
         # 5 of 16 lanes: the copying fallback fills its kernels better
         ("ijb,jkb->ikb", {"i": 9, "j": 7, "k": 6, "b": 5}, np.float32),
-        # 12 of 16 FP64 lanes (8 + 4): the partial vector costs a full one
-        ("ijb,jkb->ikb", {"i": 9, "j": 7, "k": 6, "b": 12}, np.float64),
+        # 6 of 8 FP64 lanes (or of 2 x 4 at half width): the partial vector costs a full one
+        ("ijb,jkb->ikb", {"i": 9, "j": 7, "k": 6, "b": 6}, np.float64),
         # two M axes that do not fuse
         ("iljb,jkb->likb", {"i": 4, "l": 3, "j": 5, "k": 6, "b": 16}, np.float32),
     ],

@@ -91,7 +91,7 @@ def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
             spec.k * spec.batch,
             full_lanes,
             registers,
-            _half_width_is_free(target),
+            target.half_width_is_free,
             column_stride * spec.itemsize,
         )
     # Chunks of the batch whose A_i and B_i fill at most half of L2 stay there while every
@@ -124,12 +124,6 @@ def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
             )
             pack_a = True
     return Blocking(form, lanes, vectors, columns, chunk, pack_a)
-
-
-def _half_width_is_free(target: Target) -> bool:
-    """Whether half-width vectors reach the same FLOP rate (AMD Zen 4 and 5 run 512-bit FMAs
-    on two 256-bit pipes)."""
-    return target.cpu.startswith("znver") and target.vector_bits == 512
 
 
 def _outer_block(

@@ -59,6 +59,12 @@ class Target:
         return self.vector_bits // (8 * itemsize)
 
     @property
+    def half_width_is_free(self) -> bool:
+        """Whether half-width vectors reach the same FLOP rate (AMD Zen 4 and 5 run 512-bit
+        FMAs on two 256-bit pipes)."""
+        return self.cpu.startswith("znver") and self.vector_bits == 512
+
+    @property
     def key(self) -> str:
         """Identifies the generated code's target, for cache keys."""
         return f"{self.triple}|{self.cpu}|{self.features}"

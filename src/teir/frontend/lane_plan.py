@@ -20,9 +20,9 @@ from teir.optimizer.problem import Axis, problem_from
 from teir.optimizer.simplify import drop_size_one, fuse_coherent
 
 # The least fraction of the vector lanes the batch must fill. A partial last vector costs as
-# much as a full one; 96^3 x batch, two threads, lanes against the copying fallback: FP32
-# batch 8 147 vs 119 us, 12 150 vs 156, 20 302 vs 237, 24 305 vs 280; FP64 batch 5 149 vs
-# 169, 6 157 vs 160, 12 327 vs 276 (and 32: 82 % of peak against 53-62 %).
+# much as a full one; 96^3 x batch, two threads, full-width lanes against the copying
+# fallback: FP32 batch 8 147 vs 119 us, 12 150 vs 156, 20 302 vs 237, 24 305 vs 280; FP64
+# batch 5 149 vs 169, 6 157 vs 160, 12 327 vs 276 (and 32: 82 % of peak against 53-62 %).
 MIN_FILL = 0.8
 # Rows of in0 whose cost equals packing in1 once more (each job packs all of in1's block
 # for its batch vector): a job of ``mc`` rows costs about ``mc + JOB_ROWS``.
@@ -54,7 +54,12 @@ def lane_spec(fields: dict[str, Any], threads: int, target: Target) -> LaneSpec 
         # the copying fallback would copy the large operand or the result for it
         by_type[dim_type] = by_type[dim_type] or [Axis(dim_type, 1, (0, 0, 0))]
     batch = unit[0].size
-    if batch / (ceil(batch / lanes) * lanes) < MIN_FILL:
+    if target.half_width_is_free and _fill(batch, lanes // 2) > _fill(batch, lanes):
+        # as fast per FMA where half-width vectors are free, and filled: 96^3 x batch on 2
+        # threads against the copying fallback, FP32 batch 8 155 vs 190 us, 24 243 vs 281,
+        # 40 424 vs 442; FP64 batch 4 86 vs 219, 12 268 vs 580
+        lanes //= 2
+    if _fill(batch, lanes) < MIN_FILL:
         return None  # lanes would idle: the copying fallback fills them
     (m,), (n,), (k,) = by_type[DimType.M], by_type[DimType.N], by_type[DimType.K]
     first, second = Tensor.IN0, Tensor.IN1
@@ -89,6 +94,11 @@ def lane_spec(fields: dict[str, Any], threads: int, target: Target) -> LaneSpec 
         swapped=swapped,
     )
     return _balanced(spec, threads)
+
+
+def _fill(batch: int, lanes: int) -> float:
+    """The fraction of ``lanes``-wide vectors that ``batch`` elements fill."""
+    return batch / (ceil(batch / lanes) * lanes)
 
 
 def _balanced(spec: LaneSpec, threads: int) -> LaneSpec:
