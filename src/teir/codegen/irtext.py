@@ -128,18 +128,19 @@ class FunctionBuilder:
     # ---- control flow ----------------------------------------------------------------------
     def loop(
         self,
-        count: int,
+        count: int | str,
         carried: Sequence[tuple[str, str]],
         body: Callable[[str, list[str]], list[str]],
         hint: str = "l",
     ) -> list[str]:
-        """A loop over ``i`` in ``range(count)`` (``count >= 1``) carrying values.
+        """A loop over ``i`` in ``range(count)`` (``count >= 1``: a constant, or an i64 value
+        known to be) carrying values.
 
         ``carried`` lists (type, initial value); ``body(i, values)`` emits the body and returns
         the next values. Returns the values after the last iteration. A loop of one iteration
         is emitted straight-line with ``i = 0``.
         """
-        if count < 1:
+        if isinstance(count, int) and count < 1:
             raise ValueError("loop count must be >= 1")
         if count == 1:
             return body("0", [value for _, value in carried])

@@ -234,15 +234,11 @@ class _LaneEmitter:
         ]
         fma = f"@llvm.fmuladd.{self.suffix}"
 
-        def step(values: list[str], k: str | int) -> list[str]:
-            b_row = f.mul_i64(k, NR * lanes)
-            bs = [
-                self.load(f, "%bk", f.add_i64(b_row, q * lanes), lanes, align) for q in range(cols)
-            ]
-            a_row = f.mul_i64(k, MR * lanes)
+        def step(values: list[str], a_panel: str, b_panel: str, k: int) -> list[str]:
+            bs = [self.load(f, b_panel, (k * NR + q) * lanes, lanes, align) for q in range(cols)]
             out = list(values)
             for r in range(rows):
-                a = self.load(f, "%ak", f.add_i64(a_row, r * lanes), lanes, align)
+                a = self.load(f, a_panel, (k * MR + r) * lanes, lanes, align)
                 for q in range(cols):
                     i = r * cols + q
                     out[i] = f.assign(
@@ -250,32 +246,17 @@ class _LaneEmitter:
                     )
             return out
 
-        header = f.label("k.body")
-        exit_label = f.label("k.exit")
-        f.emit(f"br label %{header}")
-        f.start_block(header)
-        phi_at = len(f.lines)
-        index = f.tmp("k.i")
-        values = [f.tmp("k.v") for _ in accs]
         a_step = K_UNROLL * MR * lanes
         b_step = K_UNROLL * NR * lanes
-        a_off = f.assign(f"mul i64 {index}, {a_step}", "i")
-        b_off = f.assign(f"mul i64 {index}, {b_step}", "i")
-        f.emit(f"%ak = getelementptr inbounds {self.t}, ptr %a, i64 {a_off}")
-        f.emit(f"%bk = getelementptr inbounds {self.t}, ptr %b, i64 {b_off}")
-        results = values
-        for k in range(K_UNROLL):
-            results = step(results, k)
-        following = f.assign(f"add nuw nsw i64 {index}, 1", "i")
-        again = f.assign(f"icmp ult i64 {following}, %steps", "c")
-        f.emit(f"br i1 {again}, label %{header}, label %{exit_label}")
-        phis = [f"  {index} = phi i64 [0, %entry], [{following}, %{header}]"]
-        phis += [
-            f"  {value} = phi {vt} [{initial}, %entry], [{result}, %{header}]"
-            for value, initial, result in zip(values, accs, results)
-        ]
-        f.lines[phi_at:phi_at] = phis
-        f.start_block(exit_label)
+
+        def unrolled(index: str, values: list[str]) -> list[str]:
+            a = f.gep(self.t, "%a", f.mul_i64(index, a_step))
+            b = f.gep(self.t, "%b", f.mul_i64(index, b_step))
+            for k in range(K_UNROLL):
+                values = step(values, a, b, k)
+            return values
+
+        results = f.loop("%steps", [(vt, acc) for acc in accs], unrolled, "k")
         for r in range(rows):
             for q in range(cols):
                 value = results[r * cols + q]
