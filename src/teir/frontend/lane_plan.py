@@ -109,7 +109,7 @@ def _balanced(spec: LaneSpec, threads: int) -> LaneSpec:
     best: tuple[float, int] | None = None
     first = ceil(spec.m / most_rows)
     for blocks in range(first, min(first + threads, ceil(spec.m / MR)) + 1):
-        mc = ceil(ceil(spec.m / blocks) / MR) * MR
+        mc = min(spec.m, ceil(ceil(spec.m / blocks) / MR) * MR)
         jobs = others * ceil(spec.m / mc)
         cost = ceil(jobs / threads) * (mc + JOB_ROWS)
         if best is None or cost < best[0]:
