@@ -28,6 +28,7 @@ from teir.kernels.arrays import data_address
 from teir.kernels.cache import CODE_CACHE
 from teir.runtime.operation import Operation
 from teir.runtime.pool import checked_state, current, dispatch_address
+from teir.runtime.stack import UNCHECKED_BYTES
 
 # A checked call holds the GIL while its kernels run: only operations estimated (on one core)
 # below this get one; above it the Python path's microseconds do not matter.
@@ -177,11 +178,11 @@ def checked_call(operation: Operation, layouts: Sequence[ArrayLayout]) -> Checke
     """A checked call of ``operation`` for arguments of these layouts (in0[, in1], out), or
     None where there cannot be one: the operation runs long (the call holds the GIL), or this
     interpreter's array objects are laid out unlike the verified ones, or the operation keeps
-    a packed panel on the stack (its Python call checks the calling thread's stack first)."""
+    a large packed panel on the stack (its Python call checks the calling thread's stack)."""
     native = _native()
     if native is None or operation.estimated_seconds > MAX_ESTIMATED_SECONDS:
         return None
-    if operation.stack_bytes:
+    if operation.stack_bytes > UNCHECKED_BYTES:
         return None
     if len(layouts) not in (2, 3):
         return None

@@ -43,7 +43,7 @@ from teir.runtime.pool import (
     parallel_job,
     run_parallel,
 )
-from teir.runtime.stack import check_stack
+from teir.runtime.stack import UNCHECKED_BYTES, check_stack
 
 _VOID_P = ctypes.c_void_p
 _NAMES = ("in0", "in1", "out")
@@ -150,7 +150,7 @@ class Operation:
         """Run on element-buffer addresses (0 for unused inputs). Nothing is checked: the
         caller guarantees that the configuration's strides stay inside each buffer, that out
         is writable and that it does not overlap an input."""
-        if self.stack_bytes:
+        if self.stack_bytes > UNCHECKED_BYTES:
             check_stack(self.stack_bytes, "this operation")
         if self._job is None:
             first, last = self._flag_addresses
