@@ -362,6 +362,8 @@ def make_plan(
         and plan.operation.config.flops >= POOR_FILL_INTENSITY * elements
         and vector_fill(plan) < POOR_FILL
     )
+    # a batched outer product with the batch innermost loops around a one-element kernel
+    # (``ib,jb->ijb`` 512^2 x 32 into an out: 5.6 ms, 3.5 ms as a lane-batched contraction)
     one_element = (
         main is not None
         and isinstance(main.spec, BrgemmSpec)
