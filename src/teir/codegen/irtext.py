@@ -35,6 +35,71 @@ def shuffle_mask(indices: Sequence[int]) -> str:
     return "<" + ", ".join(f"i32 {i}" for i in indices) + ">"
 
 
+@dataclass(frozen=True)
+class Vectors:
+    """Loads and stores of ``lanes``-wide vectors of ``itemsize``-byte elements, a partial
+    vector (``active`` < ``lanes``) through the masked intrinsics (:meth:`declare` them)."""
+
+    lanes: int
+    itemsize: int
+
+    @property
+    def t(self) -> str:
+        return scalar_type(self.itemsize)
+
+    @property
+    def vt(self) -> str:
+        return vector_type(self.lanes, self.itemsize)
+
+    @property
+    def suffix(self) -> str:
+        return f"v{self.lanes}{type_suffix(self.itemsize)}"
+
+    def declare(self, module: Module) -> None:
+        vt, lanes, suffix = self.vt, self.lanes, self.suffix
+        module.declare(
+            f"masked.load.{suffix}",
+            f"declare {vt} @llvm.masked.load.{suffix}.p0(ptr, i32, <{lanes} x i1>, {vt})",
+        )
+        module.declare(
+            f"masked.store.{suffix}",
+            f"declare void @llvm.masked.store.{suffix}.p0({vt}, ptr, i32, <{lanes} x i1>)",
+        )
+
+    def load(
+        self, f: FunctionBuilder, base: str, offset: str | int, active: int, align: int
+    ) -> str:
+        """The vector at ``base + offset`` elements, zeros past ``active`` lanes."""
+        pointer = f.gep(self.t, base, offset)
+        if active == self.lanes:
+            return f.assign(f"load {self.vt}, ptr {pointer}, align {align}", "v")
+        return f.assign(
+            f"call {self.vt} @llvm.masked.load.{self.suffix}.p0(ptr {pointer}, i32 {align}, "
+            f"<{self.lanes} x i1> {mask_constant(self.lanes, active)}, {self.vt} "
+            "zeroinitializer)",
+            "v",
+        )
+
+    def store(
+        self,
+        f: FunctionBuilder,
+        value: str,
+        base: str,
+        offset: str | int,
+        active: int,
+        align: int,
+    ) -> None:
+        """Store the first ``active`` lanes of ``value`` at ``base + offset`` elements."""
+        pointer = f.gep(self.t, base, offset)
+        if active == self.lanes:
+            f.emit(f"store {self.vt} {value}, ptr {pointer}, align {align}")
+            return
+        f.emit(
+            f"call void @llvm.masked.store.{self.suffix}.p0({self.vt} {value}, ptr {pointer}, "
+            f"i32 {align}, <{self.lanes} x i1> {mask_constant(self.lanes, active)})"
+        )
+
+
 @dataclass
 class Module:
     """Function definitions plus the intrinsic declarations they use (each once)."""

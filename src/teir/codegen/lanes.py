@@ -33,10 +33,7 @@ from math import prod
 from teir.codegen.irtext import (
     FunctionBuilder,
     Module,
-    mask_constant,
-    scalar_type,
-    type_suffix,
-    vector_type,
+    Vectors,
 )
 from teir.codegen.target import Target
 
@@ -161,71 +158,43 @@ class _LaneEmitter:
         self.module = module
         self.name = name
         self.lanes = spec.lanes
-        self.t = scalar_type(spec.itemsize)
-        self.vt = vector_type(spec.lanes, spec.itemsize)
-        self.suffix = f"v{spec.lanes}{type_suffix(spec.itemsize)}"
+        self.vectors = Vectors(spec.lanes, spec.itemsize)
+        self.t, self.vt, self.suffix = self.vectors.t, self.vectors.vt, self.vectors.suffix
         self.vector_bytes = spec.lanes * spec.itemsize
-        self.kcp = _padded(spec.kc)
-        self.micros: dict[tuple[int, int, int, bool, int], str] = {}
-        self.bodies: dict[tuple[int, int], str] = {}
-        suffix, vt, lanes = self.suffix, self.vt, self.lanes
+        # generated functions by key: micro-kernels (rows, cols, beta, relu, active lanes)
+        # and job bodies (rows, active lanes)
+        self.functions: dict[tuple[object, ...], str] = {}
+        suffix, vt = self.suffix, self.vt
         module.declare(
             f"fmuladd.{suffix}", f"declare {vt} @llvm.fmuladd.{suffix}({vt}, {vt}, {vt})"
         )
-        module.declare(
-            f"masked.load.{suffix}",
-            f"declare {vt} @llvm.masked.load.{suffix}.p0(ptr, i32, <{lanes} x i1>, {vt})",
-        )
-        module.declare(
-            f"masked.store.{suffix}",
-            f"declare void @llvm.masked.store.{suffix}.p0({vt}, ptr, i32, <{lanes} x i1>)",
-        )
+        self.vectors.declare(module)
         if spec.relu:
             module.declare(f"maxnum.{suffix}", f"declare {vt} @llvm.maxnum.{suffix}({vt}, {vt})")
 
-    # ---- vectors ----------------------------------------------------------------------------
-    def load(
-        self, f: FunctionBuilder, base: str, offset: str | int, active: int, align: int
-    ) -> str:
-        pointer = f.gep(self.t, base, offset)
-        if active == self.lanes:
-            return f.assign(f"load {self.vt}, ptr {pointer}, align {align}", "v")
-        mask = mask_constant(self.lanes, active)
-        return f.assign(
-            f"call {self.vt} @llvm.masked.load.{self.suffix}.p0(ptr {pointer}, i32 {align}, "
-            f"<{self.lanes} x i1> {mask}, {self.vt} zeroinitializer)",
-            "v",
-        )
-
-    def store(
-        self, f: FunctionBuilder, value: str, base: str, offset: str | int, active: int, align: int
-    ) -> None:
-        pointer = f.gep(self.t, base, offset)
-        if active == self.lanes:
-            f.emit(f"store {self.vt} {value}, ptr {pointer}, align {align}")
-            return
-        mask = mask_constant(self.lanes, active)
-        f.emit(
-            f"call void @llvm.masked.store.{self.suffix}.p0({self.vt} {value}, ptr {pointer}, "
-            f"i32 {align}, <{self.lanes} x i1> {mask})"
-        )
+    # ---- functions ---------------------------------------------------------------------------
+    def function(self, key: tuple[object, ...], params: str) -> tuple[str, FunctionBuilder | None]:
+        """The internal function for ``key`` (its first element names the kind): its name,
+        and a builder for its body when it is new (None when it was generated before)."""
+        found = self.functions.get(key)
+        if found is not None:
+            return found, None
+        name = f"{self.name}.{key[0]}{len(self.functions)}"
+        self.functions[key] = name
+        header = f"define internal void @{name}({params}) nounwind"
+        return name, FunctionBuilder(self.module, header)
 
     # ---- the micro-kernel -------------------------------------------------------------------
     def micro(self, rows: int, cols: int, beta: int, relu: bool, active: int) -> str:
         """``void (ptr a, ptr b, ptr c, i64 steps)``: the rows x cols block of C (+)= the
         packed panels' product over ``steps`` x K_UNROLL K steps."""
-        key = (rows, cols, beta, relu, active)
-        found = self.micros.get(key)
-        if found is not None:
-            return found
-        spec, vt, lanes = self.spec, self.vt, self.lanes
-        name = f"{self.name}.micro{len(self.micros)}"
-        self.micros[key] = name
-        f = FunctionBuilder(
-            self.module,
-            f"define internal void @{name}(ptr noalias %a, ptr noalias %b, ptr noalias %c, "
-            "i64 %steps) nounwind",
+        name, built = self.function(
+            ("micro", rows, cols, beta, relu, active),
+            "ptr noalias %a, ptr noalias %b, ptr noalias %c, i64 %steps",
         )
+        if built is None:
+            return name
+        f, spec, vt, lanes = built, self.spec, self.vt, self.lanes
         align = self.vector_bytes
         c_offsets = [
             [f.add_i64(f.mul_i64(r, spec.m_out), q * spec.n_out) for q in range(cols)]
@@ -234,17 +203,20 @@ class _LaneEmitter:
         accs = [
             "zeroinitializer"
             if beta == 0
-            else self.load(f, "%c", c_offsets[r][q], active, spec.itemsize)
+            else self.vectors.load(f, "%c", c_offsets[r][q], active, spec.itemsize)
             for r in range(rows)
             for q in range(cols)
         ]
         fma = f"@llvm.fmuladd.{self.suffix}"
 
         def step(values: list[str], a_panel: str, b_panel: str, k: int) -> list[str]:
-            bs = [self.load(f, b_panel, (k * NR + q) * lanes, lanes, align) for q in range(cols)]
+            bs = [
+                self.vectors.load(f, b_panel, (k * NR + q) * lanes, lanes, align)
+                for q in range(cols)
+            ]
             out = list(values)
             for r in range(rows):
-                a = self.load(f, a_panel, (k * MR + r) * lanes, lanes, align)
+                a = self.vectors.load(f, a_panel, (k * MR + r) * lanes, lanes, align)
                 for q in range(cols):
                     i = r * cols + q
                     out[i] = f.assign(
@@ -271,7 +243,7 @@ class _LaneEmitter:
                         f"call {vt} @llvm.maxnum.{self.suffix}({vt} {value}, {vt} zeroinitializer)",
                         "v",
                     )
-                self.store(f, value, "%c", c_offsets[r][q], active, spec.itemsize)
+                self.vectors.store(f, value, "%c", c_offsets[r][q], active, spec.itemsize)
         f.finish()
         return name
 
@@ -300,14 +272,11 @@ class _LaneEmitter:
 
         def vector(i: str | int, k: str | int) -> str:
             offset = f.add_i64(f.mul_i64(i, along), f.mul_i64(f.add_i64(k0, k), k_stride))
-            return self.load(f, source, offset, active, spec.itemsize)
+            return self.vectors.load(f, source, offset, active, spec.itemsize)
 
         def place(value: str, p: str | int, w: int, k: str | int) -> None:
             offset = f.add_i64(f.mul_i64(p, width * kcp * lanes), f.mul_i64(k, width * lanes))
-            self.store(f, value, target, f.add_i64(offset, w * lanes), lanes, align)
-
-        def each(count: int, body: Callable[[str | int], None], hint: str) -> None:
-            _each(f, count, body, hint)
+            self.vectors.store(f, value, target, f.add_i64(offset, w * lanes), lanes, align)
 
         if along <= abs(k_stride):
             # the source read in its memory order: along the rows (i) for each k
@@ -316,12 +285,12 @@ class _LaneEmitter:
                     for w in range(width):
                         place(vector(f.add_i64(f.mul_i64(p, width), w), k), p, w, k)
 
-                each(full, at_panel, "pp")
+                _each(f, full, at_panel, "pp")
                 for w in range(width) if partial else ():
                     value = vector(full * width + w, k) if w < partial else "zeroinitializer"
                     place(value, full, w, k)
 
-            each(kc, at_k, "pk")
+            _each(f, kc, at_k, "pk")
         else:
             # along K for each row
             def at_panel(p: str | int, valid: int) -> None:
@@ -332,18 +301,18 @@ class _LaneEmitter:
                         def copy(k: str | int, i: str | int = i, w: int = w) -> None:
                             place(vector(i, k), p, w, k)
 
-                        each(kc, copy, "pk")
+                        _each(f, kc, copy, "pk")
                     else:
 
                         def zero(k: str | int, w: int = w) -> None:
                             place("zeroinitializer", p, w, k)
 
-                        each(kc, zero, "pz")
+                        _each(f, kc, zero, "pz")
 
             def full_panel(p: str | int) -> None:
                 at_panel(p, width)
 
-            each(full, full_panel, "pp")
+            _each(f, full, full_panel, "pp")
             if partial:
                 at_panel(full, partial)
         for p in range(panels):  # K padding (compile-time panels: few)
@@ -355,17 +324,12 @@ class _LaneEmitter:
     def body(self, mc: int, active: int) -> str:
         """``void (ptr a, ptr b, ptr c, ptr ap, ptr bp)``: one job of ``mc`` rows, batch
         vector of ``active`` lanes, at the given bases."""
-        key = (mc, active)
-        found = self.bodies.get(key)
-        if found is not None:
-            return found
-        name = f"{self.name}.job{len(self.bodies)}"
-        self.bodies[key] = name
-        f = FunctionBuilder(
-            self.module,
-            f"define internal void @{name}(ptr noalias %a, ptr noalias %b, ptr noalias %c, "
-            "ptr noalias %ap, ptr noalias %bp) nounwind",
+        name, f = self.function(
+            ("job", mc, active),
+            "ptr noalias %a, ptr noalias %b, ptr noalias %c, ptr noalias %ap, ptr noalias %bp",
         )
+        if f is None:
+            return name
         k = self.spec.k
         # K blocks: the first one writes (beta), the last one applies ReLU
         for count, kc, first in _parts(k, self.spec.kc):

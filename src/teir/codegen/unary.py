@@ -14,7 +14,7 @@ from teir.codegen.irtext import (
     NONTEMPORAL,
     FunctionBuilder,
     Module,
-    mask_constant,
+    Vectors,
     scalar_type,
     type_suffix,
     vector_type,
@@ -44,16 +44,8 @@ class _UnaryEmitter:
         self.vt = vector_type(self.lanes, spec.itemsize)
         self.suffix = f"v{self.lanes}{type_suffix(spec.itemsize)}"
         self.module = module
-        module.declare(
-            f"masked.load.{self.suffix}",
-            f"declare {self.vt} @llvm.masked.load.{self.suffix}.p0(ptr, i32, <{self.lanes} x i1>, "
-            f"{self.vt})",
-        )
-        module.declare(
-            f"masked.store.{self.suffix}",
-            f"declare void @llvm.masked.store.{self.suffix}.p0({self.vt}, ptr, i32, "
-            f"<{self.lanes} x i1>)",
-        )
+        self.vectors = Vectors(self.lanes, spec.itemsize)
+        self.vectors.declare(module)
         if spec.stream_b:
             module.declare("nontemporal", f"!{NONTEMPORAL} = !{{i32 1}}")
         reads = "readonly " if spec.reads_a else ""
@@ -64,16 +56,7 @@ class _UnaryEmitter:
         )
 
     def load(self, base: str, offset: str | int, active: int) -> str:
-        f = self.f
-        pointer = f.gep(self.t, base, offset)
-        align = self.spec.itemsize
-        if active == self.lanes:
-            return f.assign(f"load {self.vt}, ptr {pointer}, align {align}", "v")
-        return f.assign(
-            f"call {self.vt} @llvm.masked.load.{self.suffix}.p0(ptr {pointer}, i32 {align}, "
-            f"<{self.lanes} x i1> {mask_constant(self.lanes, active)}, {self.vt} zeroinitializer)",
-            "v",
-        )
+        return self.vectors.load(self.f, base, offset, active, self.spec.itemsize)
 
     @property
     def vector_bytes(self) -> int:
@@ -83,22 +66,14 @@ class _UnaryEmitter:
         self, value: str, base: str, offset: str | int, active: int, streamed: bool = False
     ) -> None:
         """Store ``active`` lanes; ``streamed`` full vectors must lie on vector boundaries."""
-        f = self.f
-        pointer = f.gep(self.t, base, offset)
-        align = self.spec.itemsize
-        if active == self.lanes and streamed:
-            f.emit(
-                f"store {self.vt} {value}, ptr {pointer}, align {self.vector_bytes}, "
-                f"!nontemporal !{NONTEMPORAL}"
-            )
-        elif active == self.lanes:
-            f.emit(f"store {self.vt} {value}, ptr {pointer}, align {align}")
-        else:
-            f.emit(
-                f"call void @llvm.masked.store.{self.suffix}.p0({self.vt} {value}, "
-                f"ptr {pointer}, i32 {align}, <{self.lanes} x i1> "
-                f"{mask_constant(self.lanes, active)})"
-            )
+        if not (active == self.lanes and streamed):
+            self.vectors.store(self.f, value, base, offset, active, self.spec.itemsize)
+            return
+        pointer = self.f.gep(self.t, base, offset)
+        self.f.emit(
+            f"store {self.vt} {value}, ptr {pointer}, align {self.vector_bytes}, "
+            f"!nontemporal !{NONTEMPORAL}"
+        )
 
     def apply(self, value: str) -> str:
         if self.spec.op is not UnaryOp.RELU:

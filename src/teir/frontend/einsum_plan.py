@@ -362,20 +362,21 @@ def make_plan(
         and plan.operation.config.flops >= POOR_FILL_INTENSITY * elements
         and vector_fill(plan) < POOR_FILL
     )
+    if len(inputs) != 2 or main is None:
+        return plan, inputs
+    unfit = main.kind == "generic" or poor
     # a batched outer product with the batch innermost loops around a one-element kernel
     # (``ib,jb->ijb`` 512^2 x 32 into an out: 5.6 ms, 3.5 ms as a lane-batched contraction)
-    one_element = (
-        main is not None
-        and isinstance(main.spec, BrgemmSpec)
-        and main.spec.m == main.spec.n == main.spec.k == 1
-    )
-    if len(inputs) == 2 and main is not None and (main.kind == "generic" or poor or one_element):
-        spec = lane_spec(fields, threads or default_threads(), Target.host())
-        if spec is not None and (not one_element or (spec.m > 1 and spec.n > 1)):
-            plan.lanes = compile_lanes(spec, threads or default_threads())
+    kernel = main.spec
+    one_element = isinstance(kernel, BrgemmSpec) and (kernel.m, kernel.n, kernel.k) == (1, 1, 1)
+    if unfit or one_element:
+        count = threads or default_threads()
+        spec = lane_spec(fields, count, Target.host())
+        if spec is not None and (unfit or (spec.m > 1 and spec.n > 1)):
+            plan.lanes = compile_lanes(spec, count)
             plan.regions, plan.operation = [], None
             return plan, inputs
-    if len(inputs) == 2 and main is not None and (main.kind == "generic" or poor):
+    if unfit:
         orders = canonical_orders(inputs, output)
         already = all(
             "".join(op.labels) == order and op.array.flags.c_contiguous

@@ -16,7 +16,7 @@ from teir.codegen.lanes import MR, NR, LaneSpec, lane_function
 from teir.codegen.target import Target
 from teir.kernels.cache import CODE_CACHE
 from teir.runtime.pool import MAX_WORKERS, NEST_SIGNATURE, Job, parallel_job, run_parallel
-from teir.runtime.stack import check_stack
+from teir.runtime.stack import UNCHECKED_BYTES, check_stack
 
 # Below this many multiply-adds per thread, a parallel call costs more than it saves (a
 # parallel call costs about a microsecond; the kernel does some 30 vector FMAs per ns).
@@ -47,11 +47,13 @@ class LaneOperation:
         self._job: Job | None = None
         if count > 1:
             self._job = parallel_job(self._function, jobs, count, 0, 0)
+        self.stack_bytes = spec.stack_bytes()  # its packing buffers, on the calling thread
 
     def run_addresses(self, in0: int, in1: int, out: int) -> None:
         """Run on element-buffer addresses. Nothing is checked: the caller guarantees that
         the spec's strides stay inside each buffer and that out overlaps no input."""
-        check_stack(self.spec.stack_bytes(), "this lane-batched contraction")
+        if self.stack_bytes > UNCHECKED_BYTES:
+            check_stack(self.stack_bytes, "this lane-batched contraction")
         if self._job is None:
             self._native(in0, in1, out, 0, self.spec.jobs, None, None)
             return

@@ -114,10 +114,10 @@ def is_generic(node: Node, sizes: Sequence[int], dtype: Any, threads: int) -> bo
 
 @lru_cache(maxsize=4096)  # the tree optimizer asks for every candidate layout of every node
 def _is_generic(node: Node, sizes: tuple[int, ...], dtype: str, threads: int) -> bool:
-    main = lower(node_config(node, sizes, dtype, threads)).main
+    fields = node_fields(node, [c.ids for c in node.children], sizes, np.dtype(dtype))
+    main = lower(optimize_with_log(fields, threads)[0]).main
     if main is None or main.kind != "generic":
         return False
-    fields = node_fields(node, [c.ids for c in node.children], sizes, np.dtype(dtype))
     return lane_spec(fields, threads, Target.host()) is None
 
 
