@@ -528,9 +528,11 @@ def test_streamed_copies_at_every_alignment(dtype, in_nest):
         run_unary(spec, function, seed, shift)
 
 
+@pytest.mark.parametrize("whole", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_packed_a_blocks(dtype):
-    # A copied per row block into a lane-padded buffer (chosen for far-apart A columns).
+def test_packed_a_blocks(dtype, whole):
+    # A copied per row block into a lane-padded buffer (chosen for far-apart A columns), or
+    # (whole) every row block of the chunk at once before column blocks sweep them.
     specs, blockings = [], []
     for m, n, k, batch, beta, pad in (
         (17, 9, 5, 3, 0, 2),
@@ -545,16 +547,23 @@ def test_packed_a_blocks(dtype):
         for chunk in sorted({1, batch}):
             specs.append(spec)
             blockings.append(
-                Blocking("outer", base.lanes, base.vectors, base.columns, chunk, pack_a=True)
+                Blocking("outer", base.lanes, base.vectors, base.columns, chunk, True, whole)
             )
         # Half-width vectors put vectors at 32-byte (not 64-byte) offsets in the buffer.
         specs.append(spec)
-        blockings.append(Blocking("outer", base.lanes // 2, 3, 2, 1, pack_a=True))
+        blockings.append(Blocking("outer", base.lanes // 2, 3, 2, 1, True, whole))
     sweep(specs, blockings=blockings)
     wide = BrgemmSpec(
         dtype, 64, 48, 32, 4, lda=2048, ldb=32, ldc=64, stride_a=2048 * 32, stride_b=32 * 48
     )
     assert choose_blocking(wide, HOST).pack_a
+    assert choose_blocking(wide, HOST).pack_whole
+    # A tile too large for the buffer at once is packed row block by row block.
+    deep = BrgemmSpec(
+        dtype, 256, 48, 256, 2, lda=2048, ldb=256, ldc=256, stride_a=2048 * 256, stride_b=256 * 48
+    )
+    assert choose_blocking(deep, HOST).pack_a
+    assert not choose_blocking(deep, HOST).pack_whole
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

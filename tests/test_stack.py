@@ -47,6 +47,7 @@ def test_thread_stack_size_is_read():
     [
         ("ijb,jkb->ikb", [(96, 96, 32), (96, 96, 32)], np.float32),  # lane packing buffers
         ("ik,kj->ij", [(1000, 1000), (1000, 1000)], np.float64),  # a packed panel
+        ("ik,kj->ij", [(97, 1000), (1000, 1601)], np.float64),  # the kernel packs A
     ],
 )
 def test_a_thread_too_small_for_the_buffers_gets_an_error(subscripts, shapes, dtype):
@@ -108,3 +109,44 @@ def test_small_stack_buffers_keep_the_native_checked_call():
     key = einsum_module._key("ab,cb->ac", (a, b), None, False, False, 2)
     call = einsum_module._plans[key][2]
     assert call is not None and call.checked is not None
+
+
+def test_a_kernel_with_a_packing_buffer_checks_the_thread_stack():
+    from teir import kernels
+    from teir.runtime.stack import UNCHECKED_BYTES
+
+    # A's columns far apart: the kernel copies A's tile into a stack buffer before its sweep
+    spec = kernels.BrgemmSpec(
+        "f64", 64, 97, 100, 2, lda=1601, ldb=1000, ldc=1601, stride_a=160100, stride_b=100
+    )
+    kernel = kernels.brgemm_kernel(spec)
+    assert kernel.stack_bytes > UNCHECKED_BYTES
+    rng = np.random.default_rng(2)
+    a = rng.random(spec.extent_a())
+    b = rng.random(spec.extent_b())
+
+    def call():  # type: ignore[no-untyped-def]
+        c = np.zeros(spec.extent_c())
+        kernel(a, b, c)
+        return c
+
+    def small_call():  # type: ignore[no-untyped-def]
+        size = thread_stack_bytes()
+        if size is None or size >= 512 << 10:
+            return size, None
+        try:
+            return size, call()
+        except teir.ExecutionError as error:
+            return size, error
+
+    size, error = _on_thread(256 << 10, small_call)
+    if size is None or size >= 512 << 10:
+        pytest.skip(f"no small thread stack to test on (got {size})")
+    assert isinstance(error, teir.ExecutionError) and "stack" in str(error)
+    # column-major tiles: A_i[m, k] at i * stride_a + m + k * lda, and so on
+    view = np.lib.stride_tricks.as_strided
+    a_tiles = view(a, (2, 64, 100), (8 * 160100, 8, 8 * 1601))
+    b_tiles = view(b, (2, 100, 97), (8 * 100, 8, 8 * 1000))
+    result = _on_thread(8 << 20, call)
+    c = view(result, (64, 97), (8, 8 * 1601))
+    np.testing.assert_allclose(c, np.einsum("imk,ikn->mn", a_tiles, b_tiles), rtol=1e-12)

@@ -30,7 +30,7 @@ from teir.codegen.irtext import (
 )
 from teir.codegen.shuffles import transpose_vectors
 from teir.codegen.specs import BrgemmSpec
-from teir.codegen.target import Target, cache_sizes
+from teir.codegen.target import Target, cache_sizes, probe_attribute
 from teir.codegen.transpose import L1_WAYS, LINE_BYTES, set_crowding
 
 K_UNROLL = 4
@@ -38,6 +38,8 @@ K_UNROLL = 4
 PACK_LEADING_BYTES = 4096
 PACK_BUFFER_BYTES = 128 * 1024
 PACK_MIN_COLUMNS = 16
+# Packing the whole tile at once writes out this many vectors per k step at most (unrolled).
+PACK_WHOLE_VECTORS = 48
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,20 @@ class Blocking:
     # Copy each row block's A (for the chunk) into a contiguous, lane-padded buffer first:
     # for A columns far apart in memory (many pages per block) that every column block reuses.
     pack_a: bool = False
+    # Pack all row blocks of the chunk in one pass before the sweep (when they fit the
+    # buffer): each column of A is then read as one run of the tile's rows, not one line per
+    # row block, and the sweep runs column blocks outside so that B's block stays in L1
+    # while every row block uses it (row-major FP64 97 x 1601 x 1000 on one core: 79 -> 85 %
+    # of peak, 256 x 1024 x 1024: 81 -> 93 %, 64 x 4096 x 256: 79 -> 86 %; FP32 alike).
+    pack_whole: bool = False
+
+    def stack_bytes(self, spec: BrgemmSpec) -> int:
+        """The packing buffer's size: the kernel keeps it on the calling thread's stack."""
+        if not self.pack_a:
+            return 0
+        padded = self.vectors * self.lanes
+        blocks = -(-spec.m // padded) if self.pack_whole else 1
+        return self.chunk * spec.k * padded * blocks * spec.itemsize
 
 
 def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
@@ -110,12 +126,21 @@ def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
     per_batch = spec.itemsize * (spec.m * spec.k * a_reused + spec.k * spec.n * b_reused)
     limit = max(1, cache_sizes()["L2"] // 2 // max(per_batch, 1))
     chunk = max(d for d in range(1, min(spec.batch, limit) + 1) if spec.batch % d == 0)
-    pack_a = False
+    pack_a = pack_whole = False
     if form == "outer" and (packs_transposed or (spec.m >= lanes and spec.n >= 2 * columns)):
         packed = spec.k * vectors * lanes * spec.itemsize  # bytes per batch element
         far_apart = spec.lda * spec.itemsize >= PACK_LEADING_BYTES or packs_transposed
         if packs_transposed and packed > PACK_BUFFER_BYTES:
             return Blocking("dot", full_lanes, *((4, 4) if registers >= 32 else (3, 3)), chunk)
+        blocks = -(-spec.m // (vectors * lanes))
+        whole = packed * blocks
+        if (
+            far_apart
+            and not packs_transposed
+            and whole <= PACK_BUFFER_BYTES
+            and blocks * vectors <= PACK_WHOLE_VECTORS
+        ):
+            packed, pack_whole = whole, True
         if far_apart and packed <= PACK_BUFFER_BYTES:
             chunk = max(
                 d
@@ -123,7 +148,7 @@ def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
                 if spec.batch % d == 0 and d * packed <= PACK_BUFFER_BYTES
             )
             pack_a = True
-    return Blocking(form, lanes, vectors, columns, chunk, pack_a)
+    return Blocking(form, lanes, vectors, columns, chunk, pack_a, pack_whole)
 
 
 def _outer_block(
@@ -210,7 +235,7 @@ class _Emitter:
             f"<{blocking.lanes} x i1>)",
         )
         self.suffix = suffix
-        self.buffer: str | None = None
+        self.buffer: str | None = None  # the packing buffer, once allocated
         # Vectors in the 64-byte aligned packing buffer start at multiples of their own size.
         self.vector_align = min(64, blocking.lanes * spec.itemsize)
         self.f = FunctionBuilder(module, _kernel_header(name, linkage, attributes))
@@ -324,6 +349,18 @@ class _Emitter:
 
                 self.f.loop(count, [], loop_body, hint)
 
+        if blk.pack_whole:
+            whole = self.pack_whole(a, rows_total, batch)
+
+            def packed_col_block(c0: str | int, cols: int) -> None:
+                def packed_block(r0: str | int, rows: int) -> None:
+                    buffer = self.f.gep(self.t, whole, self.f.mul_i64(r0, batch * spec.k))
+                    self.outer_block(buffer, b, r0, c0, rows, cols, batch, overwrite, packed=True)
+
+                over(row_parts, row_step, packed_block, "row")
+
+            over(col_parts, col_step, packed_col_block, "col")
+            return
         if blk.pack_a:
             # Row blocks outside: pack the block's A once, then every column block uses it.
             def row_block(r0: str | int, rows: int) -> None:
@@ -395,24 +432,29 @@ class _Emitter:
 
         choose(shifts)
 
+    def allocate_buffer(self) -> str:
+        """The packing buffer, allocated on first use."""
+        if self.buffer is None:
+            self.buffer = "%pack"
+            size = self.b.stack_bytes(self.spec) // self.spec.itemsize
+            self.f.entry_alloca(f"%pack = alloca {self.t}, i64 {size}, align 64")
+        return self.buffer
+
     def pack(self, a: str, r0: str | int, rows: int, batch: int) -> str:
         """Copy A[r0 : r0 + rows, :] of every batch element of the chunk into the packing
         buffer: per (element, k) one run of vectors * lanes values, zero beyond ``rows``."""
         spec, blk, f = self.spec, self.b, self.f
         lanes, padded = blk.lanes, blk.vectors * blk.lanes
-        if self.buffer is None:
-            self.buffer = "%pack"
-            size = blk.chunk * spec.k * padded
-            f.entry_alloca(f"%pack = alloca {self.t}, i64 {size}, align 64")
+        buffer = self.allocate_buffer()
         if spec.trans_a:
             self.pack_transposed(a, r0, rows, batch)
-            return self.buffer
+            return buffer
         vectors = -(-rows // lanes)
         active = [min(lanes, rows - v * lanes) for v in range(vectors)]
 
         def element(index: str, _: list[str]) -> list[str]:
             source = f.gep(self.t, a, f.mul_i64(index, spec.stride_a))
-            target = f.gep(self.t, self.buffer or "", f.mul_i64(index, spec.k * padded))
+            target = f.gep(self.t, buffer, f.mul_i64(index, spec.k * padded))
 
             def step(k: str, _: list[str]) -> list[str]:
                 for v in range(blk.vectors):
@@ -434,7 +476,41 @@ class _Emitter:
             return []
 
         f.loop(batch, [], element, "pb")
-        return self.buffer or ""
+        return buffer
+
+    def pack_whole(self, a: str, rows: int, batch: int) -> str:
+        """Copy all ``rows`` of A of every batch element of the chunk into the packing buffer
+        in one pass: row block after row block, each laid out as :meth:`pack` lays out one."""
+        spec, blk, f = self.spec, self.b, self.f
+        lanes, padded = blk.lanes, blk.vectors * blk.lanes
+        blocks = -(-rows // padded)
+        block_elements = batch * spec.k * padded
+        buffer = self.allocate_buffer()
+        vectors = -(-rows // lanes)
+
+        def element(index: str, _: list[str]) -> list[str]:
+            source = f.gep(self.t, a, f.mul_i64(index, spec.stride_a))
+            target = f.gep(self.t, buffer, f.mul_i64(index, spec.k * padded))
+
+            def step(k: str, _: list[str]) -> list[str]:
+                row = f.gep(self.t, source, f.mul_i64(k, spec.lda))
+                to = f.gep(self.t, target, f.mul_i64(k, padded))
+                for v in range(blocks * blk.vectors):
+                    value = (
+                        "zeroinitializer"
+                        if v >= vectors
+                        else self.load_vector(row, v * lanes, min(lanes, rows - v * lanes))
+                    )
+                    block, within = divmod(v, blk.vectors)
+                    pointer = f.gep(self.t, to, block * block_elements + within * lanes)
+                    f.emit(f"store {self.vt} {value}, ptr {pointer}, align {self.vector_align}")
+                return []
+
+            f.loop(spec.k, [], step, "pk")
+            return []
+
+        f.loop(batch, [], element, "pb")
+        return buffer
 
     def pack_transposed(self, a: str, r0: str | int, rows: int, batch: int) -> None:
         """The packing of :meth:`pack` from an A stored transposed (A[m, k] at m * lda + k):
@@ -466,7 +542,7 @@ class _Emitter:
 
         def element(index: str, _: list[str]) -> list[str]:
             source = f.gep(self.t, a, f.mul_i64(index, spec.stride_a))
-            target = f.gep(self.t, "%pack", f.mul_i64(index, spec.k * padded))
+            target = f.gep(self.t, self.allocate_buffer(), f.mul_i64(index, spec.k * padded))
             if full_chunks:
 
                 def body(c: str, _: list[str]) -> list[str]:
@@ -863,6 +939,13 @@ class _Emitter:
         f.emit(f"store {small} {values}, ptr {pointer}, align {align}")
 
 
+def kernel_stack_bytes(spec: BrgemmSpec, target: Target) -> int:
+    """The stack the kernel for ``spec`` needs for its packing buffer (0 without one)."""
+    if spec.m == spec.n == spec.k == spec.batch == 1:
+        return 0
+    return choose_blocking(spec, target).stack_bytes(spec)
+
+
 def brgemm_function(
     spec: BrgemmSpec,
     target: Target,
@@ -881,6 +964,7 @@ def brgemm_function(
     if spec.m == spec.n == spec.k == spec.batch == 1:
         _scalar_function(spec, module, name, linkage, attributes)
         return blocking
+    attributes += probe_attribute(target, blocking.stack_bytes(spec))
     emitter = _Emitter(spec, blocking, module, name, linkage, attributes)
     emitter.emit()
     return blocking

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from math import prod
 
-from teir.codegen.brgemm import brgemm_function
+from teir.codegen.brgemm import brgemm_function, kernel_stack_bytes
 from teir.codegen.generic import GenericSpec, generic_function
 from teir.codegen.irtext import FunctionBuilder, Module, scalar_type
 from teir.codegen.specs import BrgemmSpec, UnarySpec
-from teir.codegen.target import Target
+from teir.codegen.target import Target, probe_attribute
 from teir.codegen.unary import unary_function
 from teir.ir import DimType
 from teir.lower.nest import Access, LoopNest
@@ -78,6 +78,17 @@ def _tile_op_function(op: TileOp, target: Target, module: Module, name: str) -> 
     f.finish()
 
 
+def nest_stack_bytes(nest: LoopNest, target: Target) -> int:
+    """The stack the nest function needs for its buffers: the packed panel and the packing
+    buffers of the kernels inlined into it."""
+    itemsize = nest.config.data_type.itemsize
+    total = 0 if nest.panel is None else nest.panel.elements * itemsize
+    for op in (nest.first, nest.main, nest.main_zero, nest.last):
+        if op is not None and isinstance(op.spec, BrgemmSpec):
+            total += kernel_stack_bytes(op.spec, target)
+    return total
+
+
 def nest_function(nest: LoopNest, target: Target, module: Module, name: str) -> None:
     """Add the nest function ``name`` (and its tile primitives) to ``module``."""
     ops: dict[str, str] = {}
@@ -90,9 +101,7 @@ def nest_function(nest: LoopNest, target: Target, module: Module, name: str) -> 
     if panel is not None:
         _tile_op_function(panel.copy, target, module, f"{name}.pack")
     t = scalar_type(nest.config.data_type.itemsize)
-    # A stack buffer is probed page by page (x86), so that a thread with too small a stack
-    # stops at its guard page instead of writing past it.
-    probes = ' "probe-stack"="inline-asm"' if panel is not None and target.is_x86 else ""
+    probes = probe_attribute(target, nest_stack_bytes(nest, target))
     f = FunctionBuilder(
         module,
         f"define void @{name}(ptr noalias %in0, ptr noalias %in1, "

@@ -113,3 +113,9 @@ def cache_sizes() -> dict[str, int]:
     for name, default in (("L1", 32 * 1024), ("L2", 1024 * 1024), ("L3", 8 * 1024 * 1024)):
         sizes.setdefault(name, default)
     return sizes
+
+
+def probe_attribute(target: Target, stack_bytes: int) -> str:
+    """The function attribute that probes a stack buffer page by page (x86), so that a thread
+    with too small a stack stops at its guard page instead of writing past it."""
+    return ' "probe-stack"="inline-asm"' if stack_bytes and target.is_x86 else ""

@@ -29,6 +29,7 @@ from teir.errors import ExecutionError
 from teir.ir.enums import DataType
 from teir.kernels.arrays import checked_address, overlaps
 from teir.kernels.cache import CODE_CACHE
+from teir.runtime.stack import UNCHECKED_BYTES, check_stack
 
 _VOID_P = ctypes.c_void_p
 
@@ -103,6 +104,7 @@ class BrgemmKernel(Kernel):
     ) -> None:
         super().__init__(spec, target, addresses, origin, seconds)
         self.blocking = blocking
+        self.stack_bytes = blocking.stack_bytes(spec)  # its packing buffer, on the caller's stack
 
     def addresses(self, a: Any, b: Any, c: Any) -> tuple[int, int, int]:
         """Check the arrays and return their addresses."""
@@ -116,7 +118,10 @@ class BrgemmKernel(Kernel):
         return pa, pb, pc
 
     def __call__(self, a: Any, b: Any, c: Any) -> None:
-        self._call(*self.addresses(a, b, c))
+        addresses = self.addresses(a, b, c)
+        if self.stack_bytes > UNCHECKED_BYTES:
+            check_stack(self.stack_bytes, "this kernel")
+        self._call(*addresses)
 
 
 class UnaryKernel(Kernel):

@@ -24,7 +24,7 @@ import numpy as np
 
 from teir.codegen.brgemm import choose_blocking
 from teir.codegen.irtext import Module
-from teir.codegen.nest import nest_function
+from teir.codegen.nest import nest_function, nest_stack_bytes
 from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target
 from teir.errors import ExecutionError, TeirError
@@ -90,9 +90,9 @@ class Operation:
             self._job = parallel_job(
                 self._function, self._parallel_size, len(self.slices), *self._flag_addresses
             )
-        panel = nest.panel
-        # the packed panel's stack buffer, which the calling thread must have room for
-        self.stack_bytes = 0 if panel is None else panel.elements * config.dtype.itemsize
+        # the packed panel's and the kernels' packing buffers, which the calling thread's
+        # stack must have room for
+        self.stack_bytes = nest_stack_bytes(nest, target)
 
     def _generate(self, prefix: str) -> str:
         module = Module()
@@ -203,6 +203,12 @@ class Operation:
                 f"; {b.form} form, register block {b.vectors}x{b.lanes} x {b.columns}, "
                 f"batch chunk {b.chunk}"
             )
+            if b.pack_a:
+                what = "the whole tile at once" if b.pack_whole else "row block by row block"
+                text += (
+                    f"; A packed {what} into a {b.stack_bytes(op.spec) // 1024} KiB "
+                    "stack buffer"
+                )
         return text
 
     def __repr__(self) -> str:
