@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import pytest
 import teir
 from kernel_harness import compile_many, run_brgemm, run_unary
 from teir import kernels
-from teir.codegen.brgemm import Blocking, choose_blocking
+from teir.codegen.brgemm import K_PIECE, Blocking, choose_blocking
 from teir.codegen.specs import BrgemmSpec, KernelError, UnaryOp, UnarySpec
 from teir.codegen.target import Target
 
@@ -564,6 +565,45 @@ def test_packed_a_blocks(dtype, whole):
     )
     assert choose_blocking(deep, HOST).pack_a
     assert not choose_blocking(deep, HOST).pack_whole
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("trans_a", "trans_b"), LAYOUTS)
+def test_k_swept_in_pieces(dtype, trans_a, trans_b):
+    # K in pieces (C accumulating between them, beta 0 only before the first), tails
+    # included, on every layout and form, one batch element per chunk or several.
+    specs, blockings = [], []
+    for m, n, k, batch, beta, piece in (
+        (40, 1, 19, 1, 0, 8),
+        (33, 3, 17, 2, 0, 8),
+        (9, 20, 64, 3, 1, 16),
+        (70, 1, 23, 4, 0, 4),
+        (1, 37, 30, 2, 0, 8),
+        (16, 16, 9, 1, 1, 8),
+    ):
+        spec = brgemm_spec(dtype, m, n, k, batch, trans_a, trans_b, beta, (m + k) % 3)
+        base = choose_blocking(spec, HOST)
+        for chunk in sorted({1, batch}):
+            specs.append(spec)
+            blockings.append(replace(base, chunk=chunk, k_piece=piece))
+    sweep(specs, blockings=blockings)
+
+
+def test_matrix_vector_products_stream_k_in_pieces():
+    # x @ A with A row-major: the matrix's K steps lie apart and one column block reads all
+    # of it, so the kernel takes one batch element at a time and K a few steps at a time.
+    lanes = HOST.lanes(8)
+    outer = BrgemmSpec("f64", 512, 1, 100, 1, lda=4096, ldb=100, ldc=512, stride_a=0, stride_b=0)
+    mirror = BrgemmSpec("f64", 1, 512, 8, 64, True, True, 8, 4096, 1, stride_a=8, stride_b=8 * 4096)
+    for spec in (outer, mirror):
+        blocking = choose_blocking(spec, HOST)
+        assert blocking.chunk == 1
+        assert blocking.k_piece == (K_PIECE if spec.k > 2 * K_PIECE else 0)
+    # rows that one register block covers back to back: one run per block, no pieces
+    tight = BrgemmSpec(
+        "f64", lanes, 1, 100, 4, lda=lanes, ldb=100, ldc=lanes, stride_a=lanes * 100, stride_b=100
+    )
+    assert choose_blocking(tight, HOST).k_piece == 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -188,6 +188,36 @@ def test_store_bound_contraction_tiles_are_long_output_rows():
     assert sizes["M"] > 8  # compute-bound: cache-sized tiles
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    ("subscripts", "shapes"),
+    [
+        ("k,kj->j", [(4096,), (4096, 4096)]),  # x @ A, A row-major
+        ("ji,j->i", [(1000, 2048), (1000,)]),  # A^T x
+        ("bk,bkj->bj", [(3, 1009), (3, 1009, 600)]),  # batched, a prime K
+    ],
+)
+def test_matrix_vector_products_stream_the_matrix(subscripts, shapes, threads):
+    """A matrix-vector product whose matrix has unit stride along the output reads each K
+    step as a run along the rows: long row blocks (at least a page), one per thread, and K
+    a few steps at a time."""
+    operands_ = [RNG.uniform(-1, 1, shape) for shape in shapes]
+    plan = teir.einsum_plan(subscripts, *operands_, threads=threads)
+    operation = plan.regions[0].operation
+    main = operation.nest.main_zero or operation.nest.main
+    assert main is not None
+    spec = main.spec
+    rows = spec.n if spec.m == 1 else spec.m
+    assert rows * 8 >= 4096  # runs of at least a page
+    assert spec.k <= 16 or "K swept 8 steps at a time" in operation.explain()
+    np.testing.assert_allclose(
+        teir.einsum(subscripts, *operands_, threads=threads),
+        np.einsum(subscripts, *operands_),
+        rtol=1e-11,
+        atol=1e-11,
+    )
+
+
 def test_equal_tiles_prefer_compact_strides():
     """abcd,dbef->acef: a and c are both M axes of size 32; c's rows are 32 elements apart in
     in0, a's 32768 (a multiple of 4 KiB, so all in one cache set): the kernel takes c (B's

@@ -203,11 +203,12 @@ class Operation:
                 f"; {b.form} form, register block {b.vectors}x{b.lanes} x {b.columns}, "
                 f"batch chunk {b.chunk}"
             )
+            if b.k_piece:
+                text += f", K swept {b.k_piece} steps at a time"
             if b.pack_a:
                 what = "the whole tile at once" if b.pack_whole else "row block by row block"
                 text += (
-                    f"; A packed {what} into a {b.stack_bytes(op.spec) // 1024} KiB "
-                    "stack buffer"
+                    f"; A packed {what} into a {b.stack_bytes(op.spec) // 1024} KiB stack buffer"
                 )
         return text
 
