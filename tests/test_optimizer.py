@@ -218,6 +218,43 @@ def test_matrix_vector_products_stream_the_matrix(subscripts, shapes, threads):
     )
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    ("subscripts", "sizes"),
+    [
+        ("ij,ij->j", {"i": 300, "j": 2100}),  # column dot products, the columns in blocks
+        ("ijk,ijk->k", {"i": 7, "j": 9, "k": 40}),
+        ("ijb,jb->ib", {"i": 37, "j": 29, "b": 32}),  # batched matrix-vector products
+        ("jb,jkb->kb", {"j": 29, "k": 13, "b": 16}),
+        ("kij,kj->ij", {"k": 5, "i": 6, "j": 33}),
+        ("bij,bij->bj", {"b": 3, "i": 11, "j": 5}),
+    ],
+)
+def test_products_summed_along_the_output_unit_stride(subscripts, sizes, threads):
+    """The output's unit stride on a C axis the inputs run along too, with at most an M or
+    an N axis: a one-element kernel in loops, the K loops just outside the C axis, so that
+    the compiled nest vectorizes along it (ij,ij->j at 2048² FP64: 32 -> 2.5 ms)."""
+    inputs, output = subscripts.split("->")
+    arrays = [RNG.uniform(-1, 1, [sizes[c] for c in term]) for term in inputs.split(",")]
+    plan = teir.einsum_plan(subscripts, *arrays, threads=threads)
+    assert plan.lanes is None and plan.canonical is None
+    assert "loops innermost (inside the K loops)" in plan.explain()
+    expected = np.einsum(subscripts, *arrays)
+    np.testing.assert_allclose(
+        teir.einsum(subscripts, *arrays, threads=threads), expected, rtol=1e-12, atol=1e-12
+    )
+    # into a strided view, accumulating, with the ReLU fused; inputs reversed in memory
+    base = RNG.uniform(-1, 1, [2 * sizes[c] for c in output])
+    out = base[tuple(slice(None, None, 2) for _ in output)]
+    before, untouched = out.copy(), base.copy()
+    flipped = [a[::-1].copy()[::-1] for a in arrays]
+    teir.einsum(subscripts, *flipped, out=out, accumulate=True, relu=True, threads=threads)
+    np.testing.assert_allclose(out, np.maximum(before + expected, 0), rtol=1e-12, atol=1e-12)
+    mask = np.ones(base.shape, bool)
+    mask[tuple(slice(None, None, 2) for _ in output)] = False
+    np.testing.assert_array_equal(base[mask], untouched[mask])
+
+
 def test_equal_tiles_prefer_compact_strides():
     """abcd,dbef->acef: a and c are both M axes of size 32; c's rows are 32 elements apart in
     in0, a's 32768 (a multiple of 4 KiB, so all in one cache set): the kernel takes c (B's
@@ -237,8 +274,13 @@ def test_batch_reduce_axis_keeps_reads_close_together():
     a, b = (RNG.uniform(-1, 1, [sizes[x] for x in term]) for term in ("cdae", "decb"))
     plan = teir.einsum_plan("cdae,decb->ba", a, b, threads=1)
     assert "K 31 (of 31), batch-reduce 16" in plan.explain()
+    # 11904 products per element: rounding is relative to their magnitudes, not to a sum
+    # that may cancel to near zero
     np.testing.assert_allclose(
-        teir.einsum("cdae,decb->ba", a, b), np.einsum("cdae,decb->ba", a, b), rtol=1e-11
+        teir.einsum("cdae,decb->ba", a, b),
+        np.einsum("cdae,decb->ba", a, b),
+        rtol=1e-11,
+        atol=1e-11 * np.sqrt(16 * 24 * 31),
     )
 
 

@@ -21,6 +21,9 @@ def reorder(problem: Problem) -> tuple[Problem, str]:
     that read in0 follow both tensors' memory order instead (``_copy_order``)."""
     loops = [a for a in problem.axes if a.exec_type is not ExecType.PRIM]
     prims = [a for a in problem.axes if a.exec_type is ExecType.PRIM]
+    if _summed_along_the_output(loops, prims):
+        text = ", ".join(f"{a.dim_type.value}{a.size}" for a in loops)
+        return problem, f"loops {text} (as chosen: the output's unit-stride C axis innermost)"
     outer = sorted(
         (a for a in loops if a.dim_type is not DimType.K), key=lambda a: -a.stride(Tensor.OUT)
     )
@@ -33,6 +36,18 @@ def reorder(problem: Problem) -> tuple[Problem, str]:
             note = " (copy: in0's next rows innermost, the output's next columns outside them)"
     text = "loops " + (", ".join(f"{a.dim_type.value}{a.size}" for a in ordered) or "none") + note
     return problem.with_axes(ordered + prims), text
+
+
+def _summed_along_the_output(loops: list[Axis], prims: list[Axis]) -> bool:
+    """Whether the primitive is one element summed over K loops that lie outside an innermost
+    C loop (primitive identification's order for ``ij,ij->j``: the K loops must not move
+    inside it)."""
+    return (
+        all(a.size == 1 for a in prims)
+        and bool(loops)
+        and loops[-1].dim_type is DimType.C
+        and any(a.dim_type is DimType.K for a in loops)
+    )
 
 
 def _copy_order(loops: list[Axis]) -> list[Axis]:

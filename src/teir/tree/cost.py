@@ -78,9 +78,15 @@ def _contraction_cost(
             fill = _fill(lanes_spec.batch, lanes_spec.lanes)
             return flops / (LANE_EFFICIENCY * fill)
         return flops / GENERIC_EFFICIENCY
+    spec = main.spec
+    if spec.m == spec.n == spec.k == spec.batch == 1:
+        # one element in loops, the output's unit-stride C axis innermost, where the nest is
+        # vectorized: bound by moving its operands and result once
+        moved = node.elements(sizes) + sum(c.elements(sizes) for c in node.children)
+        return moved * dt.itemsize * COPY_FLOPS_PER_BYTE
     lanes = Target.host().lanes(dt.itemsize)
     calls = nest.iterations * max(1, prod(loop.size for loop in main.loops))
-    return flops / kernel_efficiency(main.spec, lanes) + calls * CALL_FLOPS / max(1, threads)
+    return flops / kernel_efficiency(spec, lanes) + calls * CALL_FLOPS / max(1, threads)
 
 
 def node_cost(
