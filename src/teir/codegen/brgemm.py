@@ -389,7 +389,7 @@ class _Emitter:
                 self.f.loop(count, [], loop_body, hint)
 
         if blk.pack_whole:
-            whole = self.pack_whole(a, rows_total, batch)
+            whole = self.pack_rows(a, rows_total, batch)
 
             def packed_col_block(c0: str | int, cols: int) -> None:
                 def packed_block(r0: str | int, rows: int) -> None:
@@ -482,44 +482,17 @@ class _Emitter:
     def pack(self, a: str, r0: str | int, rows: int, batch: int) -> str:
         """Copy A[r0 : r0 + rows, :] of every batch element of the chunk into the packing
         buffer: per (element, k) one run of vectors * lanes values, zero beyond ``rows``."""
-        spec, blk, f = self.spec, self.b, self.f
-        lanes, padded = blk.lanes, blk.vectors * blk.lanes
         buffer = self.allocate_buffer()
-        if spec.trans_a:
+        if self.spec.trans_a:
             self.pack_transposed(a, r0, rows, batch)
-            return buffer
-        vectors = -(-rows // lanes)
-        active = [min(lanes, rows - v * lanes) for v in range(vectors)]
-
-        def element(index: str, _: list[str]) -> list[str]:
-            source = f.gep(self.t, a, f.mul_i64(index, spec.stride_a))
-            target = f.gep(self.t, buffer, f.mul_i64(index, spec.k * padded))
-
-            def step(k: str, _: list[str]) -> list[str]:
-                for v in range(blk.vectors):
-                    value = (
-                        "zeroinitializer"
-                        if v >= vectors
-                        else self.load_vector(
-                            source,
-                            f.add_i64(f.add_i64(r0, v * lanes), f.mul_i64(k, spec.lda)),
-                            active[v],
-                        )
-                    )
-                    offset = f.add_i64(f.mul_i64(k, padded), v * lanes)
-                    pointer = f.gep(self.t, target, offset)
-                    f.emit(f"store {self.vt} {value}, ptr {pointer}, align {self.vector_align}")
-                return []
-
-            f.loop(spec.k, [], step, "pk")
-            return []
-
-        f.loop(batch, [], element, "pb")
+        else:
+            self.pack_rows(self.f.gep(self.t, a, r0), rows, batch)
         return buffer
 
-    def pack_whole(self, a: str, rows: int, batch: int) -> str:
-        """Copy all ``rows`` of A of every batch element of the chunk into the packing buffer
-        in one pass: row block after row block, each laid out as :meth:`pack` lays out one."""
+    def pack_rows(self, a: str, rows: int, batch: int) -> str:
+        """Copy the first ``rows`` of A of every batch element of the chunk into the packing
+        buffer in one pass, row block after row block, each as :meth:`pack` lays out one:
+        with several row blocks, each column of A is read as one run."""
         spec, blk, f = self.spec, self.b, self.f
         lanes, padded = blk.lanes, blk.vectors * blk.lanes
         blocks = -(-rows // padded)
