@@ -81,6 +81,11 @@ def _fma_function(itemsize: int) -> tuple[Any, int]:
     return function, flops_per_iteration(target, itemsize)
 
 
+PROBE_ROUNDS = 8
+PROBE_SETTLED = 1.02  # the best rose by less than this factor over the last round
+PROBE_SCALING = 0.75  # n threads reach at least this fraction of n single threads' peak
+
+
 def peak_gflops(dtype: str = "f32", threads: int = 1, seconds: float = 0.2) -> float:
     """Measured FMA peak in GFLOP/s of ``threads`` threads (the best of a few runs)."""
     function, flops = _fma_function(4 if dtype in ("f32", "fp32", "FP32") else 8)
@@ -90,8 +95,13 @@ def peak_gflops(dtype: str = "f32", threads: int = 1, seconds: float = 0.2) -> f
     function(iterations)
     per_iteration = (time.perf_counter() - start) / iterations
     iterations = max(1000, int(seconds / 3 / max(per_iteration, 1e-12)))
-    best = 0.0
-    for _ in range(3):
+    # At least three rounds, and more (up to PROBE_ROUNDS) while the best still rises or
+    # several threads fall well short of as many single threads: a core taken away for a
+    # moment (a VM's vCPU descheduled) must not halve the peak that every "of peak" figure
+    # of the run is measured against (a demo once showed 172 %).
+    expected = threads * peak_gflops(dtype, 1, seconds) * PROBE_SCALING if threads > 1 else 0.0
+    best = previous = 0.0
+    for round_ in range(PROBE_ROUNDS):
         workers = [threading.Thread(target=function, args=(iterations,)) for _ in range(threads)]
         start = time.perf_counter()
         for worker in workers:
@@ -100,6 +110,9 @@ def peak_gflops(dtype: str = "f32", threads: int = 1, seconds: float = 0.2) -> f
             worker.join()
         elapsed = time.perf_counter() - start
         best = max(best, threads * iterations * flops / elapsed / 1e9)
+        if round_ >= 2 and best <= previous * PROBE_SETTLED and best >= expected:
+            break
+        previous = best
     return best
 
 
