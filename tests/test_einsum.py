@@ -213,6 +213,17 @@ def test_three_or_more_operands():
         ),
         (lambda: teir.einsum("i", np.ones(3, np.complex128)), "complex128"),
         (lambda: teir.einsum(3, np.ones(3)), "string"),
+        # an out of the result's size but another shape (its strides would alias the result)
+        (
+            lambda: teir.einsum(
+                "ij,jk->ik", np.ones((3, 4)), np.ones((4, 5)), out=np.zeros((5, 3))
+            ),
+            r"out has shape \(5, 3\), the result has shape \(3, 5\)",
+        ),
+        (lambda: teir.einsum("ij,jk", np.ones((2, 3)), np.ones((3, 2)), threads=0), "threads"),
+        (lambda: teir.einsum("ij,jk", np.ones((2, 3)), np.ones((3, 2)), threads=True), "threads"),
+        (lambda: teir.einsum("i,i,i", np.ones(3), np.ones(3), np.ones(3), threads=0), "threads"),
+        (lambda: teir.contract_expression("ij,jk", (2, 3), (3, 2), threads=2.0), "threads"),
     ],
 )
 def test_errors(call, match):

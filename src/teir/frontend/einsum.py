@@ -245,6 +245,7 @@ def einsum(
         if wanted not in _FLOATS:
             raise EinsumError(f"dtype must be float32 or float64, got {wanted}")
         arrays = [a if a.dtype == wanted else a.astype(wanted) for a in arrays]
+    _check_threads(threads)
     if len(arrays) > 2:
         return _multi_operand(subscripts, arrays, out, threads, accumulate, relu, optimize)
     count = threads or default_threads()
@@ -255,6 +256,13 @@ def einsum(
             with _lock:
                 _plans[key] = planned
     return result
+
+
+def _check_threads(threads: Any) -> None:
+    if threads is not None and (
+        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+    ):
+        raise EinsumError(f"threads must be a positive integer or None, got {threads!r}")
 
 
 def _one_or_two(
@@ -441,6 +449,7 @@ class ContractExpression:
         self.optimize = optimize
         self.plan: Plan | None = None
         self.tree: Any = None
+        _check_threads(threads)
         count = threads or default_threads()
         if len(self.shapes) <= 2:  # plan now, for C-contiguous operands
             arrays = [np.zeros(shape, self.dtype) for shape in self.shapes]

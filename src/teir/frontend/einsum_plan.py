@@ -471,6 +471,8 @@ def _out_strides(
 ) -> dict[str, int]:
     """Element strides of the output: ``out``'s, or a new C-contiguous array's."""
     if out is not None:
+        if out.shape != shape:  # before its strides are read as the result's
+            raise EinsumError(f"out has shape {out.shape}, the result has shape {shape}")
         return dict(zip(output, element_strides(out)[1]))
     strides: dict[str, int] = {}
     step = 1
