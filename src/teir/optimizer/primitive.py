@@ -40,9 +40,9 @@ STREAMED_ROWS = 4
 # 9.2 ms -> N 1024 x K 8 3.4-4.0 ms, NumPy 3.8), one block per thread (runs of at least a
 # page: FP32 in blocks of 1024, 2.2 ms; of 4096, 1.7 ms, NumPy 1.5).
 MATVEC_K = 8
+MATVEC_ROW_BYTES = 16 * 1024
 # The output's block (the unit-stride C axis) that a summed elementwise product keeps in L1.
 REDUCTION_RUN_BYTES = 8 * 1024
-MATVEC_ROW_BYTES = 16 * 1024
 # A contraction of at least SHARED_FLOPS gets a tile per thread, of more than BALANCED_FLOPS
 # two, so that a thread finishing early finds another. A parallel call costs about a
 # microsecond: 64^3 FP32 on 2 threads 5.6 -> 4.9 us, 80^3 9.9 -> 7.1 (48^3 would lose,
