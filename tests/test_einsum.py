@@ -584,6 +584,28 @@ def test_reductions_with_no_output_to_share_are_split_between_threads(
     np.testing.assert_array_equal(out, np.maximum(expected + start, 0))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_matrix_vector_products_with_short_rows_cut_k_instead(dtype):
+    """x @ A with A row-major and few columns: shared between two threads, each row would give
+    each thread a short run; K is cut instead so that every thread reads whole rows. Not
+    where the threads share batches of whole rows, nor for the dot form (rows along K)."""
+    rng = np.random.default_rng(5)
+    x = rng.integers(-8, 9, 8192).astype(dtype)
+    a = rng.integers(-8, 9, (8192, 512)).astype(dtype)
+    plan = teir.einsum_plan("k,kj->j", x, a, threads=2)
+    assert plan.split is not None and plan.split.label == "k"
+    expected = x.astype(np.int64) @ a.astype(np.int64)
+    np.testing.assert_array_equal(teir.einsum("k,kj->j", x, a, threads=2), expected)
+    out = np.ones(512, dtype)
+    teir.einsum("k,kj->j", x, a, out=out, accumulate=True, threads=2)
+    np.testing.assert_array_equal(out, expected + 1)
+    assert teir.einsum_plan("k,kj->j", x, a, threads=1).split is None
+    vectors = rng.integers(-8, 9, (4, 4000)).astype(dtype)
+    batched = rng.integers(-8, 9, (4, 4000, 500)).astype(dtype)
+    assert teir.einsum_plan("bk,bkj->bj", vectors, batched, threads=2).split is None
+    assert teir.einsum_plan("jk,k->j", a.T.copy(), x, threads=2).split is None  # dot form
+
+
 def test_reductions_without_a_label_dividing_between_threads_are_not_split():
     """An odd-sized summed label cannot be cut into equal parts: the plan stays as it is."""
     a = np.random.default_rng(4).uniform(-1, 1, 140_001)

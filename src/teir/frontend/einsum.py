@@ -33,7 +33,7 @@ from teir.frontend.einsum_plan import (
     vector_fill,
 )
 from teir.frontend.fallback_call import FallbackCall, RecordedStep, fallback_call
-from teir.frontend.split_reduction import plan_split, split_views
+from teir.frontend.split_reduction import plan_split, short_rows, split_views
 from teir.kernels.arrays import data_address
 from teir.runtime.arguments import as_array
 from teir.runtime.pool import default_threads
@@ -160,7 +160,12 @@ def _plan(
         if runs_kernels(plan) and vector_fill(plan.product) < 2 * vector_fill(plan):
             plan.canonical, plan.product = None, None
     one_thread = bool(plan.regions) and all(len(r.operation.slices) == 1 for r in plan.regions)
-    if split and one_thread and plan.canonical is None and not any(plan.reductions):
+    if (
+        split
+        and (one_thread or short_rows(plan, threads))
+        and plan.canonical is None
+        and not any(plan.reductions)
+    ):
         plan.split = plan_split(parsed, [a.shape for a in arrays], plan.dtype.itemsize, threads)
     call = direct_call(plan, inputs, arrays, out, accumulate)
     with _lock:

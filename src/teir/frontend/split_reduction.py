@@ -13,13 +13,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import prod
+from typing import Any
 
 import numpy as np
 
+from teir.codegen.brgemm import choose_blocking
+from teir.codegen.specs import BrgemmSpec
+from teir.codegen.target import Target
 from teir.frontend.einsum_parse import LETTERS, Subscripts
+from teir.ir import DimType
 
 # Below this much work the temporary and the final sum cost more than a thread saves.
 SPLIT_MIN_BYTES = 1 << 20
+# ... and than a matrix-vector product's whole rows save, below this size of its matrix
+# (1000² FP64 on 2 threads: 64 us with rows shared, 92 us with K cut).
+SHORT_ROWS_MIN_BYTES = 16 << 20
+# ... and when the threads' shares of a row would be shorter than this.
+SHORT_ROWS_RUN_BYTES = 8 << 10
 
 
 @dataclass(frozen=True)
@@ -30,6 +40,30 @@ class SplitReduction:
     label: str
     parts: int
     subscripts: str
+
+
+def short_rows(plan: Any, threads: int) -> bool:
+    """Whether the plan is a matrix-vector product streaming its matrix (a kernel with one
+    column, not the dot form) whose rows, shared between the threads, give each a run of
+    fewer than ``SHORT_ROWS_RUN_BYTES`` per K step: cutting K instead lets every thread read
+    whole rows (``k,kj->j`` 4100 x 1031 FP64
+    on 2 threads: 0.98 -> 0.39 ms; 8192 x 512: 0.68 -> 0.38 ms; FP32 0.34 -> 0.22 ms)."""
+    if threads < 2 or not plan.regions:
+        return False
+    nest = plan.regions[0].operation.nest  # the main region (a thin rest may follow)
+    main = nest.main_zero or nest.main
+    if main is None or not isinstance(main.spec, BrgemmSpec):
+        return False
+    spec = main.spec
+    one_column = (spec.n == 1) != (spec.m == 1) and spec.k * spec.batch > 1
+    if not one_column or choose_blocking(spec, Target.host()).form == "dot":
+        return False  # (a dot form reads whole rows already)
+    shared = [loop for loop in nest.loops if loop.parallel]
+    if not shared or any(loop.dim_type is DimType.C for loop in shared):
+        return False  # the threads share batches of whole rows, or nothing
+    matrix = plan.regions[0].operation.flops // 2 * spec.itemsize  # bytes, about
+    run = (spec.m if spec.n == 1 else spec.n) * spec.itemsize  # a kernel's rows
+    return matrix >= SHORT_ROWS_MIN_BYTES and run < SHORT_ROWS_RUN_BYTES
 
 
 def plan_split(
