@@ -35,6 +35,26 @@ def _on_thread(stack_bytes: int, function):  # type: ignore[no-untyped-def]
     return outcome[0]
 
 
+def _error_on_a_small_thread(call):  # type: ignore[no-untyped-def]
+    """What ``call`` raises (or returns) on a thread with a 256 KiB stack; skips the test
+    where no such thread can be made."""
+
+    def small_call():  # type: ignore[no-untyped-def]
+        # glibc may hand a new thread the larger stack of one that ended
+        size = thread_stack_bytes()
+        if size is None or size >= 512 << 10:
+            return size, None
+        try:
+            return size, call()
+        except teir.ExecutionError as error:
+            return size, error
+
+    size, outcome = _on_thread(256 << 10, small_call)
+    if size is None or size >= 512 << 10:
+        pytest.skip(f"no small thread stack to test on (got {size})")
+    return outcome
+
+
 def test_thread_stack_size_is_read():
     size = _on_thread(64 << 20, thread_stack_bytes)  # above any stack glibc keeps for reuse
     if size is None:
@@ -58,19 +78,7 @@ def test_a_thread_too_small_for_the_buffers_gets_an_error(subscripts, shapes, dt
     def call():  # type: ignore[no-untyped-def]
         return teir.einsum(subscripts, *arrays, threads=1)
 
-    def small_call():  # type: ignore[no-untyped-def]
-        # glibc may hand a new thread the larger stack of one that ended
-        size = thread_stack_bytes()
-        if size is None or size >= 512 << 10:
-            return size, None
-        try:
-            return size, call()
-        except teir.ExecutionError as error:
-            return size, error
-
-    size, error = _on_thread(256 << 10, small_call)
-    if size is None or size >= 512 << 10:
-        pytest.skip(f"no small thread stack to test on (got {size})")
+    error = _error_on_a_small_thread(call)
     assert isinstance(error, teir.ExecutionError)
     assert "stack" in str(error) and "threading.stack_size" in str(error)
     result = _on_thread(8 << 20, call)
@@ -130,18 +138,7 @@ def test_a_kernel_with_a_packing_buffer_checks_the_thread_stack():
         kernel(a, b, c)
         return c
 
-    def small_call():  # type: ignore[no-untyped-def]
-        size = thread_stack_bytes()
-        if size is None or size >= 512 << 10:
-            return size, None
-        try:
-            return size, call()
-        except teir.ExecutionError as error:
-            return size, error
-
-    size, error = _on_thread(256 << 10, small_call)
-    if size is None or size >= 512 << 10:
-        pytest.skip(f"no small thread stack to test on (got {size})")
+    error = _error_on_a_small_thread(call)
     assert isinstance(error, teir.ExecutionError) and "stack" in str(error)
     # column-major tiles: A_i[m, k] at i * stride_a + m + k * lda, and so on
     view = np.lib.stride_tricks.as_strided
