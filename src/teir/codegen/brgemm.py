@@ -341,16 +341,20 @@ class _Emitter:
             for piece_count, size, start in pieces:
 
                 def piece_body(
-                    piece: str, _: list[str], size: int = size, start: int = start
+                    piece: str,
+                    _: list[str],
+                    size: int = size,
+                    start: int = start,
+                    single: bool = piece_count == 1,
                 ) -> list[str]:
-                    k0 = f.add_i64(start, f.mul_i64(piece, size))
+                    k0 = start if single else f.add_i64(start, f.mul_i64(piece, size))
                     # beta 0 overwrites C in the first chunk's first piece only; the rest
                     # accumulates onto it.
                     overwrite: bool | str = spec.beta == 0
                     if overwrite and (count > 1 or b.k_piece):
                         at_start = f.assign(f"or i64 {index}, {k0}", "at")
                         overwrite = f.assign(f"icmp eq i64 {at_start}, 0", "first")
-                    self.spec = replace(spec, k=size)
+                    self.spec = replace(spec, k=size) if size != spec.k else spec
                     self.sweep(
                         f.gep(self.t, a, f.mul_i64(k0, a_step)),
                         f.gep(self.t, bb, f.mul_i64(k0, b_step)),

@@ -111,9 +111,12 @@ def _elementwise(problem: Problem) -> tuple[Problem, str] | None:
     present = {a.dim_type for a in axes if a.size > 1}
     if sums and {DimType.M, DimType.N} <= present:
         return None  # a batched matrix product: FLOPs for kernels (or the lane-batched one)
-    others = [a.with_exec(ExecType.SEQ) for a in axes if a.size > 1 and a.dim_type is not DimType.K]
+    others = [
+        a.with_exec(ExecType.SEQ)
+        for a in axes
+        if a.size > 1 and a.dim_type is not DimType.K and not (sums and a is column)
+    ]
     if sums:
-        others.remove(column.with_exec(ExecType.SEQ))
         run = REDUCTION_RUN_BYTES // problem.primitives.data_type.itemsize
         block = block_size(column.size, run, run // 2, run, 16)
         if block < column.size:

@@ -15,6 +15,7 @@ from teir.codegen.irtext import Module
 from teir.codegen.lanes import MR, NR, LaneSpec, lane_function
 from teir.codegen.target import Target
 from teir.kernels.cache import CODE_CACHE
+from teir.runtime.operation import built_once
 from teir.runtime.pool import MAX_WORKERS, NEST_SIGNATURE, Job, parallel_job, run_parallel
 from teir.runtime.stack import UNCHECKED_BYTES, check_stack
 
@@ -93,12 +94,8 @@ _lock = threading.Lock()
 
 def compile_lanes(spec: LaneSpec, threads: int) -> LaneOperation:
     """The (cached) lane operation for ``spec`` on ``threads``."""
-    key = (spec, threads)
-    operation = _lane_operations.get(key)
-    if operation is None:
-        with _lock:
-            operation = _lane_operations.get(key)
-            if operation is None:
-                operation = LaneOperation(spec, threads, Target.host())
-                _lane_operations[key] = operation
-    return operation
+
+    def build() -> LaneOperation:
+        return LaneOperation(spec, threads, Target.host())
+
+    return built_once(_lane_operations, _lock, (spec, threads), build)

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -232,6 +233,9 @@ def _by_name(tensors: tuple[Any, ...], named: dict[str, Any]) -> tuple[Any, ...]
     return tuple(values)
 
 
+Key = TypeVar("Key", bound=Hashable)
+Built = TypeVar("Built")
+
 _operations: dict[tuple[Config, int], Operation] = {}
 _operations_lock = threading.Lock()
 
@@ -247,12 +251,24 @@ def compile(config: Config, threads: int | None = None) -> Operation:
         threads = default_threads()
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise TeirError(f"threads must be a positive integer, got {threads!r}")
-    key = (config, threads)
-    operation = _operations.get(key)
-    if operation is None:
-        with _operations_lock:
-            operation = _operations.get(key)
-            if operation is None:
-                operation = Operation(config, threads, lower(config), Target.host())
-                _operations[key] = operation
-    return operation
+    return built_once(
+        _operations,
+        _operations_lock,
+        (config, threads),
+        lambda: Operation(config, threads, lower(config), Target.host()),
+    )
+
+
+def built_once(
+    cache: dict[Key, Built], lock: threading.Lock, key: Key, build: Callable[[], Built]
+) -> Built:
+    """``cache[key]``, built by ``build`` on a miss: one thread builds (compiles) a key while
+    the others wait for it, and lookups of built keys take no lock."""
+    found = cache.get(key)
+    if found is None:
+        with lock:
+            found = cache.get(key)
+            if found is None:
+                found = build()
+                cache[key] = found
+    return found
