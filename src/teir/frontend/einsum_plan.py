@@ -206,7 +206,8 @@ class Plan:
             lines.append(f"# {why}: " + "; ".join(moves) + " (innermost last)")
         if self.split is not None:
             lines.append(
-                f"# the operation below runs on one thread: instead, {self.split.label!r} is "
+                f"# instead of the operation below (one thread, or threads sharing short rows "
+                f"of a matrix), {self.split.label!r} is "
                 f"cut into {self.split.parts} parts, one per thread, as "
                 f"{self.split.subscripts} into a temporary, and the parts are summed"
             )
