@@ -41,6 +41,9 @@ PACK_BUFFER_BYTES = 128 * 1024
 PACK_MIN_COLUMNS = 16
 # Packing the whole tile at once writes out this many vectors per k step at most (unrolled).
 PACK_WHOLE_VECTORS = 48
+# Cycles per broadcast of one B element. Zen 4 retires at most one broadcast load per cycle,
+# though it runs two half-width FMAs.
+BROADCAST_CYCLES = 1.0
 
 
 @dataclass(frozen=True)
@@ -207,7 +210,12 @@ def _outer_block(
                     if count == 0:
                         continue
                     fmas = vectors * block_cols
-                    step = max(fmas * fma_cost, (vectors + block_cols) / 2, 8 * fma_cost)
+                    step = max(
+                        fmas * fma_cost,
+                        (vectors + block_cols) / 2,
+                        block_cols * BROADCAST_CYCLES,
+                        8 * fma_cost,
+                    )
                     cost += count * row_blocks * (depth * step + 20 + 2 * fmas)
                 key = (cost, accumulators, vectors, lanes, columns)
                 if best is None or key < best:
