@@ -287,6 +287,23 @@ def test_operands_no_kernel_layout_fits_go_through_copies(dtype):
     np.testing.assert_allclose(out, 3 * np.einsum("ijb,jkb->ikb", a, b), rtol=tolerance)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_inputs_that_fit_with_a_result_that_does_not_copy_the_result(dtype):
+    # The inputs lie as the kernel wants them (C, K, M and C, N, K); the result has its unit
+    # stride on the batch label, which no kernel layout fits: only the result is permuted.
+    a, b = operands([(11, 9, 7), (11, 13, 9)], dtype)
+    plan = teir.einsum_plan("adb,acd->bca", a, b)
+    text = plan.explain()
+    assert "the result is computed in the order acb and permuted into place" in text
+    assert "generic" not in text
+    check("adb,acd->bca", [a, b])
+    out = np.ones((7, 13, 11), dtype)
+    teir.einsum("adb,acd->bca", a, b, out=out, accumulate=True)
+    tolerance = 1e-4 if dtype == np.float32 else 1e-11
+    expected = 1 + np.einsum("adb,acd->bca", a.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_allclose(out, expected, rtol=tolerance, atol=tolerance)
+
+
 @pytest.mark.parametrize(
     ("subscripts", "sizes", "moved", "dtype"),
     [
