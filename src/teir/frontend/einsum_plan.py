@@ -462,14 +462,19 @@ def regions(
     return result
 
 
-def canonical_orders(inputs: list[Operand], output: tuple[str, ...]) -> tuple[str, str, str]:
+def canonical_orders(
+    inputs: list[Operand], output: tuple[str, ...], mirrored: bool = False
+) -> tuple[str, str, str]:
     """Label orders that give the GEMM kernel unit strides: in0 (C, K, M), in1 (C, N, K),
-    out (C, N, M), innermost last."""
+    out (C, N, M), innermost last; ``mirrored``: those of the transposed product
+    (out^T = in1^T in0^T), in0 (C, M, K), in1 (C, K, N), out (C, M, N)."""
     in0, in1 = inputs[0].labels, inputs[1].labels
     c = [x for x in output if x in in0 and x in in1]
     m = [x for x in output if x in in0 and x not in in1]
     n = [x for x in output if x in in1 and x not in in0]
     k = [x for x in in0 if x in in1 and x not in output]
+    if mirrored:
+        return "".join(c + m + k), "".join(c + k + n), "".join(c + m + n)
     return "".join(c + k + m), "".join(c + n + k), "".join(c + n + m)
 
 
