@@ -115,6 +115,21 @@ def test_views_transposed_sliced_negative_and_broadcast():
     check("ij,jk", [fortran, other])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_labels_summed_in_one_operand(dtype):
+    # NumPy sums them first; an operand with more dimensions than einsum has letters
+    # (NumPy 2 allows 64) too
+    x, y = operands([(6, 5, 4, 3), (3, 7)], dtype)
+    check("abcd->db", [x])
+    check("abcd->", [x])
+    check("abcd,de->ae", [x, y])
+    check("aabc->cb", operands([(4, 4, 3, 5)], dtype))
+    if np.lib.NumpyVersion(np.__version__) >= "2.0.0":
+        many = operands([(1,) * 50 + (2, 2, 3)], dtype)[0]
+        check("...i->...", [many])
+        check("...i,...i->...", [many, many])
+
+
 def test_mixed_precision_promotes_like_numpy():
     a = RNG.uniform(-1, 1, (4, 5)).astype(np.float32)
     b = RNG.uniform(-1, 1, (5, 3))

@@ -26,7 +26,7 @@ import numpy as np
 from teir.codegen.brgemm import choose_blocking
 from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target
-from teir.frontend.einsum_parse import EinsumError, Subscripts
+from teir.frontend.einsum_parse import LETTERS, EinsumError, Subscripts
 from teir.frontend.lane_plan import lane_spec
 from teir.frontend.split_reduction import SplitReduction
 from teir.ir import Config
@@ -119,8 +119,15 @@ def sum_out(op: Operand, labels: list[str]) -> Operand:
     view = array
     if array.shape != shape or array.strides != strides:  # a diagonal, or size-1 strides
         view = np.lib.stride_tricks.as_strided(array, shape=shape, strides=strides)
-    axes = tuple(op.labels.index(label) for label in labels)
-    reduced = np.add.reduce(view, axis=axes)
+    # NumPy's einsum sums in one pass over the operand as it lies; np.add.reduce over
+    # several axes is 1.3-4x slower (bcaed->d on 10x24x29x26x12 FP64: 2.9 -> 1.2 ms,
+    # abc->b on 50x40x30: 52 -> 13 us).
+    if len(op.labels) <= len(LETTERS):
+        letters = dict(zip(op.labels, LETTERS))
+        kept = "".join(letters[label] for label in op.labels if label not in labels)
+        reduced = np.einsum(f"{''.join(letters[x] for x in op.labels)}->{kept}", view)
+    else:  # more dimensions than einsum has letters (NumPy 2 allows 64)
+        reduced = np.add.reduce(view, axis=tuple(op.labels.index(x) for x in labels))
     # summing every axis gives a NumPy scalar, which must become an array (its address)
     if not isinstance(reduced, np.ndarray) or not reduced.flags.c_contiguous:
         reduced = np.ascontiguousarray(reduced)
