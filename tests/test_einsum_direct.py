@@ -97,6 +97,8 @@ def test_data_address_reads_the_array_object():
         ("ii", [(7, 7)]),
         ("ij->", [(5, 9)]),
         ("iij->j", [(4, 4, 6)]),
+        ("adecb->bcd", [(3, 4, 5, 2, 6)]),
+        ("...ij->j...", [(2, 3, 4, 5)]),
         ("ijk,jl->il", [(5, 6, 3), (6, 4)]),
         ("ij,klj->ik", [(5, 6), (2, 7, 6)]),
     ],
@@ -114,6 +116,12 @@ def test_repeated_calls_summing_an_operand_first_stay_direct(dtype, subscripts, 
     key = einsum_module._key(subscripts, operands, None, False, False, 1)
     call = einsum_module._plans[key][2]
     assert call is not None and call.reduced and call.checked is None
+    # a unary plan is NumPy's sum alone, straight into the result (with out too)
+    assert (call.numpy_sum is not None) == (len(shapes) == 1)
+    if len(shapes) == 1:
+        target = np.empty(np.shape(expected), dtype)
+        teir.einsum(subscripts, *operands, out=target, threads=1)
+        np.testing.assert_allclose(target, expected, rtol=tolerance, atol=tolerance)
     # out= and accumulate on the same path
     out = np.asarray(rng.standard_normal(np.shape(expected)).astype(dtype))
     before = out.copy()

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from teir.buffers import aligned_empty
+from teir.frontend.einsum_parse import LETTERS
 from teir.frontend.einsum_plan import Operand, Plan, operand, sum_out
 from teir.kernels.arrays import data_address, overlaps
 from teir.runtime.checked_call import DONE, FALLBACK, ArrayLayout, CheckedCall, checked_call
@@ -60,6 +61,9 @@ class DirectCall:
     # element strides as planned, the labels summed); the plan runs on the sums. (Not the
     # planned Operand itself: the cache would keep its array alive.)
     reduced: tuple[tuple[int, list[str], dict[str, int], dict[str, int], list[str]], ...] = ()
+    # A unary plan that only sums and copies: NumPy's einsum sums straight into the result
+    # (``ba->a`` FP32 264 x 201: 18 us through the sum and a copy, NumPy alone 7.5).
+    numpy_sum: str | None = None
 
     def fast(self, operands: tuple[np.ndarray, ...], out: np.ndarray | None) -> Any:
         """The result through the checked call, or None where it fell back (any array not
@@ -101,6 +105,11 @@ class DirectCall:
                 if overlaps(out_start, self.out_span[1], input_address + offset, count):
                     return None  # computed into a temporary by the full path
             result = out
+        if self.numpy_sum is not None:
+            # not einsum(out=result): iterating in the result's order instead of the
+            # operand's costs NumPy up to 7x (adecb->bcd FP32 10x5x6x7x13: 50 us, 7.5 us)
+            np.copyto(result, np.einsum(self.numpy_sum, first))
+            return result[()] if out is None and result.ndim == 0 else result
         sums = []  # kept until the run has read them
         for index, labels, sizes, strides, summed in self.reduced:
             sums.append(sum_out(Operand(operands[index], labels, sizes, strides), summed).array)
@@ -120,6 +129,7 @@ def direct_call(
     arrays: list[np.ndarray],
     out: np.ndarray | None,
     accumulate: bool,
+    relu: bool = False,
 ) -> DirectCall | None:
     """The direct path for calls that hit ``plan``'s cache entry (made for ``arrays``, as
     ``inputs`` once prepared, and ``out``), or None where calls need more than addresses and
@@ -161,6 +171,11 @@ def direct_call(
             result = ArrayLayout(out.shape, out.strides, True)
         # the native call runs the operation on its arguments: never on unsummed operands
         checked = None if reduced else checked_call(operation, [*layouts, result])
+    numpy_sum = None
+    if len(arrays) == 1 and reduced and not relu and len(reduced[0][1]) <= len(LETTERS):
+        letters = dict(zip(reduced[0][1], LETTERS))
+        term = "".join(letters[x] for x in plan.subscripts.inputs[0])
+        numpy_sum = f"{term}->{''.join(letters[x] for x in plan.subscripts.output)}"
     return DirectCall(
         plan,
         plan.dtype,
@@ -170,4 +185,5 @@ def direct_call(
         checked,
         math.prod(plan.out_shape) * plan.dtype.itemsize > SMALL_RESULT_BYTES,
         reduced,
+        numpy_sum,
     )

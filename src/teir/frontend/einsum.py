@@ -167,7 +167,7 @@ def _plan(
         and not any(plan.reductions)
     ):
         plan.split = plan_split(parsed, [a.shape for a in arrays], plan.dtype.itemsize, threads)
-    call = direct_call(plan, inputs, arrays, out, accumulate)
+    call = direct_call(plan, inputs, arrays, out, accumulate, relu)
     with _lock:
         if len(_plans) >= PLAN_CACHE_SIZE:
             _plans.pop(next(iter(_plans)))
