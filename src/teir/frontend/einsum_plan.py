@@ -124,8 +124,9 @@ def sum_out(op: Operand, labels: list[str]) -> Operand:
     # abc->b on 50x40x30: 52 -> 13 us).
     if len(op.labels) <= len(LETTERS):
         letters = dict(zip(op.labels, LETTERS))
-        kept = "".join(letters[label] for label in op.labels if label not in labels)
-        reduced = np.einsum(f"{''.join(letters[x] for x in op.labels)}->{kept}", view)
+        term = "".join(letters[label] for label in op.labels)
+        result = "".join(letters[label] for label in op.labels if label not in labels)
+        reduced = np.einsum(f"{term}->{result}", view)
     else:  # more dimensions than einsum has letters (NumPy 2 allows 64)
         reduced = np.add.reduce(view, axis=tuple(op.labels.index(x) for x in labels))
     # summing every axis gives a NumPy scalar, which must become an array (its address)
