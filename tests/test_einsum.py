@@ -12,6 +12,7 @@ import teir
 from helpers import out_array
 from teir.frontend import copy_fallback
 from teir.frontend import einsum as einsum_module
+from teir.frontend.split_reduction import split_views
 
 RNG = np.random.default_rng(7)
 
@@ -645,9 +646,37 @@ def test_matrix_vector_products_with_short_rows_cut_k_instead(dtype):
     assert teir.einsum_plan("jk,k->j", a.T.copy(), x, threads=2).split is None  # dot form
 
 
-def test_reductions_without_a_label_dividing_between_threads_are_not_split():
-    """An odd-sized summed label cannot be cut into equal parts: the plan stays as it is."""
-    a = np.random.default_rng(4).uniform(-1, 1, 140_001)
-    plan = teir.einsum_plan("i,i->", a, a, threads=2)
-    assert plan.split is None
-    assert np.isclose(teir.einsum("i,i->", a, a, threads=2), a @ a)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(
+    "subscripts, shapes, threads, rest",
+    [
+        ("i,i->", [(140_001,), (140_001,)], 2, 1),
+        ("i,i->", [(140_003,), (140_003,)], 3, 2),
+        # cut along j: a part runs as dot products along the unit stride j, though i is longer
+        ("ij,ij->", [(301, 599), (301, 599)], 2, 1),
+        ("k,kj->j", [(4099,), (4099, 1031)], 2, 1),
+    ],
+)
+def test_reductions_with_no_label_dividing_between_threads_leave_a_rest(
+    subscripts, shapes, threads, rest, dtype
+):
+    """A summed label that the threads do not divide is cut all the same: its last indices
+    are contracted apart, as one more part (exact in small integers: no term lost or
+    repeated)."""
+    rng = np.random.default_rng(4)
+    arrays = [rng.integers(-8, 9, shape).astype(dtype) for shape in shapes]
+    plan = teir.einsum_plan(subscripts, *arrays, threads=threads)
+    assert plan.split is not None and plan.split.rest == rest
+    assert f"its last {rest} indices, left out of the cut" in plan.explain()
+    expected = np.einsum(subscripts, *[a.astype(np.int64) for a in arrays])
+    for _ in range(2):
+        result = teir.einsum(subscripts, *arrays, threads=threads)
+        np.testing.assert_array_equal(result, expected)
+    start = rng.integers(-5, 6, np.shape(expected)).astype(dtype)
+    out = np.array(start)
+    teir.einsum(subscripts, *arrays, out=out, accumulate=True, relu=True, threads=threads)
+    np.testing.assert_array_equal(out, np.maximum(expected + start, 0))
+    if subscripts == "ij,ij->":  # the parts' kernels run along j
+        views = split_views(plan.split, plan.subscripts, arrays)
+        part = teir.einsum_plan(plan.split.subscripts, *views, threads=threads).explain()
+        assert "(of 299)" in part and "dot form" in part

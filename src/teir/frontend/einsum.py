@@ -33,7 +33,7 @@ from teir.frontend.einsum_plan import (
     vector_fill,
 )
 from teir.frontend.fallback_call import FallbackCall, RecordedStep, fallback_call
-from teir.frontend.split_reduction import plan_split, short_rows, split_views
+from teir.frontend.split_reduction import plan_split, rest_views, short_rows, split_views
 from teir.kernels.arrays import data_address
 from teir.runtime.arguments import as_array
 from teir.runtime.pool import default_threads
@@ -305,8 +305,13 @@ def _one_or_two(
     if plan.split is not None:
         # One part of the reduction per thread into a temporary, then their sum.
         views = split_views(plan.split, plan.subscripts, arrays)
-        with scratch([(plan.split.parts, *plan.out_shape)], dtype) as (parts,):
-            _one_or_two(plan.split.subscripts, views, parts, threads, False, False, split=False)
+        count = plan.split.parts + (1 if plan.split.rest else 0)
+        with scratch([(count, *plan.out_shape)], dtype) as (parts,):
+            cut = parts[: plan.split.parts]
+            _one_or_two(plan.split.subscripts, views, cut, threads, False, False, split=False)
+            if plan.split.rest:  # the indices left out of the cut, as one more part
+                rest = rest_views(plan.split, plan.subscripts, arrays)
+                _one_or_two(subscripts, rest, parts[-1, ...], threads, False, False, split=False)
             if accumulate:
                 result += parts.sum(axis=0)
             else:

@@ -218,6 +218,12 @@ class Plan:
                 f"of a matrix), {self.split.label!r} is "
                 f"cut into {self.split.parts} parts, one per thread, as "
                 f"{self.split.subscripts} into a temporary, and the parts are summed"
+                + (
+                    f" (its last {self.split.rest} indices, left out of the cut, are "
+                    "contracted as one more part)"
+                    if self.split.rest
+                    else ""
+                )
             )
         if self.product is not None:
             # The operation planned on the operands as they lie does not run: show the one
