@@ -112,18 +112,21 @@ def plan_split(
     return SplitReduction(label, threads, text, sizes[label] % threads)
 
 
+def _along(array: np.ndarray, labels: tuple[str, ...], label: str, part: slice) -> np.ndarray:
+    """``array`` (over ``labels``) with ``label`` restricted to ``part``."""
+    index: list[slice] = [slice(None)] * array.ndim
+    index[labels.index(label)] = part
+    return array[tuple(index)]
+
+
 def rest_views(
     split: SplitReduction, subscripts: Subscripts, arrays: list[np.ndarray]
 ) -> list[np.ndarray]:
     """The operands restricted to the split label's last ``split.rest`` indices."""
-    views = []
-    for labels, array in zip(subscripts.inputs, arrays):
-        index: list[slice] = [slice(None)] * array.ndim
-        index[labels.index(split.label)] = slice(
-            array.shape[labels.index(split.label)] - split.rest, None
-        )
-        views.append(array[tuple(index)])
-    return views
+    return [
+        _along(array, labels, split.label, slice(-split.rest, None))
+        for labels, array in zip(subscripts.inputs, arrays)
+    ]
 
 
 def split_views(
@@ -134,9 +137,7 @@ def split_views(
     views = []
     for labels, array in zip(subscripts.inputs, arrays):
         if split.rest:
-            index: list[slice] = [slice(None)] * array.ndim
-            index[labels.index(split.label)] = slice(0, -split.rest)
-            array = array[tuple(index)]
+            array = _along(array, labels, split.label, slice(0, -split.rest))
         shape, strides = [], []
         for name, size, stride in zip(labels, array.shape, array.strides):
             if name == split.label:
