@@ -638,6 +638,16 @@ def test_a_block_broadcasts_at_most_one_element_per_cycle(dtype, rows):
     assert blocking.columns <= fma_cycles, blocking
 
 
+@pytest.mark.parametrize(("rows", "half"), [(12, True), (36, False), (60, False), (81, False)])
+def test_half_width_blocks_where_full_width_would_pad_many_rows(rows, half):
+    """On Zen 4 a half-width block wins only where full-width vectors would pad many rows
+    (FP64 M 12, 2 threads: 3x4 x 5 107 GFLOP/s, 2x8 x 8 83); where both pad about alike it
+    lost (M 36: 67-88 against 101; M 81, F-ordered A: 71-73 against 95-97)."""
+    zen4 = Target("x86_64-unknown-linux-gnu", "znver4", "+avx512f,+avx512dq,+fma,+avx2,+avx")
+    spec = BrgemmSpec("f64", rows, 2000, 512, 1, False, True, rows, 2000, rows, 0, 0, 0)
+    assert (choose_blocking(spec, zen4).lanes == 4) == half
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("ldb", [512, 1024, 515])
 def test_broadcast_columns_do_not_crowd_an_l1_set(dtype, ldb):

@@ -44,6 +44,13 @@ PACK_WHOLE_VECTORS = 48
 # Cycles per broadcast of one B element. Zen 4 retires at most one broadcast load per cycle,
 # though it runs two half-width FMAs.
 BROADCAST_CYCLES = 1.0
+# Cycles per half-width FMA where those are "free" (Zen 4 runs two per cycle, against one
+# full-width FMA), counted above half: each reads its own A vector, for half the FLOPs, and
+# a block of them tied on cycles with a full-width one that pads a few rows. Measured
+# (2 threads, one variant per process): FP64 F-ordered `ac,cb->ab` 1100x562x486 (M tile
+# 81) 71-73 -> 95-97 GFLOP/s, `ki,jk->ji` M 36 67-90 -> 101, M 84 78-97 -> 88-107, FP32
+# M 116 131-133 -> 183-195, `abc,bcd->ad` FP64 97-103 -> 109-111; FP32 M 72 220 -> 201-204.
+HALF_WIDTH_FMA_CYCLES = 0.6
 
 
 @dataclass(frozen=True)
@@ -193,7 +200,7 @@ def _outer_block(
     if full_lanes >= 4:
         widths.append(full_lanes // 2)
     for lanes in widths:
-        fma_cost = 1.0 if lanes == full_lanes or not half_width_free else 0.5
+        fma_cost = 1.0 if lanes == full_lanes or not half_width_free else HALF_WIDTH_FMA_CYCLES
         for vectors in (1, 2, 3, 4):
             if (vectors - 1) * lanes >= rows:
                 continue
