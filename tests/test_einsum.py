@@ -388,6 +388,25 @@ def test_kernels_that_fill_few_lanes_go_through_copies():
     assert "copied" not in teir.einsum_plan("ik,jk->ij", x, y).explain()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_kernels_summing_short_runs_of_k_go_through_copies(dtype):
+    # e (9) has the unit stride in in1 and lies 32 KB apart in in0, d (131) the other way
+    # round: the kernel that fits them as they lie takes one batch element at a time and
+    # stores C after every 9 steps. A copy lines both up into one K of 1179 (FP32
+    # 62x54x63x131x9: 8.0 -> 3.1 ms).
+    sizes = {"a": 62, "b": 27, "c": 14, "d": 131, "e": 9}
+    a, b = operands([[sizes[x] for x in "eda"], [sizes[x] for x in "cbde"]], dtype)
+    text = teir.einsum_plan("eda,cbde->acb", a, b).explain()
+    assert "sums 9 steps of K between loads and stores of C" in text
+    assert "K 9 " not in text.split("the contraction of the copies")[1]
+    expected = np.einsum("eda,cbde->acb", a.astype(np.float64), b.astype(np.float64))
+    bound = 1e-4 if dtype == np.float32 else 1e-11
+    np.testing.assert_allclose(teir.einsum("eda,cbde->acb", a, b), expected, rtol=bound, atol=bound)
+    out = np.ones(expected.shape, dtype)
+    teir.einsum("eda,cbde->acb", a, b, out=out, accumulate=True)
+    np.testing.assert_allclose(out, expected + 1, rtol=bound, atol=bound)
+
+
 @pytest.mark.parametrize(
     ("subscripts", "sizes", "label"),
     [

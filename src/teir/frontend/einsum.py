@@ -23,12 +23,15 @@ from teir.frontend import copy_fallback
 from teir.frontend.direct_call import DirectCall, direct_call
 from teir.frontend.einsum_parse import EinsumError, parse
 from teir.frontend.einsum_plan import (
+    SHORT_DEPTH_GAIN,
     Operand,
     Plan,
+    kernel_depth,
     make_plan,
     operand,
     placeholder,
     runs_kernels,
+    short_depth,
     sum_out,
     vector_fill,
 )
@@ -155,10 +158,20 @@ def _plan(
             return _plan(subscripts, operands, target, *options, threads, fallback=False)[0]
 
         plan.canonical, plan.product = copy_fallback.choose(plan, inputs, out, contraction)
-        # A plan that runs kernels as the operands lie, filling few vector lanes: the copies
-        # pay only when their kernel fills at least twice as many.
-        if runs_kernels(plan) and vector_fill(plan.product) < 2 * vector_fill(plan):
-            plan.canonical, plan.product = None, None
+        # A plan that runs kernels as the operands lie, filling few vector lanes or summing
+        # short runs of K: the copies pay only when their kernel fills at least twice as
+        # many lanes, or sums several times as many steps with as many lanes.
+        if runs_kernels(plan):
+            product = plan.product
+            assert product is not None
+            fuller = vector_fill(product) >= 2 * vector_fill(plan)
+            deeper = (
+                short_depth(plan)
+                and kernel_depth(product) >= SHORT_DEPTH_GAIN * kernel_depth(plan)
+                and vector_fill(product) >= vector_fill(plan)
+            )
+            if not (fuller or deeper):
+                plan.canonical, plan.product = None, None
     one_thread = bool(plan.regions) and all(len(r.operation.slices) == 1 for r in plan.regions)
     if (
         split

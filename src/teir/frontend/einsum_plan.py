@@ -204,7 +204,12 @@ class Plan:
                 for name, order in zip(names, self.canonical)
                 if order is not None
             ]
-            if runs_kernels(self):
+            if runs_kernels(self) and short_depth(self):
+                why = (
+                    "the kernel that fits the operands as they lie sums "
+                    f"{kernel_depth(self)} steps of K between loads and stores of C"
+                )
+            elif runs_kernels(self):
                 why = (
                     "the kernel that fits the operands as they lie fills "
                     f"{vector_fill(self):.0%} of its vector lanes"
@@ -380,6 +385,7 @@ def make_plan(
     if len(inputs) != 2 or main is None:
         return plan, inputs
     unfit = main.kind == "generic" or poor
+    intense = plan.operation.config.flops >= POOR_FILL_INTENSITY * elements
     # a batched outer product with the batch innermost loops around a one-element kernel
     # (``ib,jb->ijb`` 512^2 x 32 into an out: 5.6 ms, 3.5 ms as a lane-batched contraction)
     kernel = main.spec
@@ -391,7 +397,7 @@ def make_plan(
             plan.lanes = compile_lanes(spec, count)
             plan.regions, plan.operation = [], None
             return plan, inputs
-    if unfit:
+    if unfit or (intense and short_depth(plan)):
         orders = canonical_orders(inputs, output)
         # the result counts too: a batch label with the result's unit stride fits no kernel
         # (adb,acd->bca FP64 ran on the generic primitive at 0.13x NumPy)
@@ -438,6 +444,37 @@ def vector_fill(plan: Plan) -> float:
     blocking = choose_blocking(spec, Target.host())
     along = {"dot": spec.k, "mirror": spec.n}.get(blocking.form, spec.m)
     return along / (-(-along // blocking.lanes) * blocking.lanes)
+
+
+def kernel_depth(plan: Plan) -> int:
+    """The K steps the plan's BRGEMM kernel sums between loading and storing its C tile
+    (its K times its batch chunk; 0 for other kernels)."""
+    main = None if plan.operation is None else plan.operation.nest.main
+    if main is None or not isinstance(main.spec, BrgemmSpec):
+        return 0
+    return main.spec.k * choose_blocking(main.spec, Target.host()).chunk
+
+
+def short_depth(plan: Plan) -> bool:
+    """Whether the plan's kernel loads and stores its C tile every few K steps
+    (``SHORT_DEPTH``), many times over its batch: short K runs whose batch elements lie too
+    far apart to be taken together."""
+    main = None if plan.operation is None else plan.operation.nest.main
+    if main is None or main.kind != "brgemm" or not isinstance(main.spec, BrgemmSpec):
+        return False
+    depth = kernel_depth(plan)
+    return depth < SHORT_DEPTH and main.spec.k * main.spec.batch >= SHORT_DEPTH_GAIN * depth
+
+
+# A BRGEMM kernel that sums fewer K steps than this between loading and storing its C tile,
+# and does so several times per call, has the copying fallback considered (when it does at
+# least POOR_FILL_INTENSITY FLOPs per element), taken when its kernel sums at least
+# SHORT_DEPTH_GAIN times as many steps and fills as many lanes: FP32 eda,cbde->acb
+# (62x54x63x131x9; e of 9 along in1's unit stride, 32 KB apart in in0: batch chunks of 1)
+# 8.0 -> 3.1 ms with in1 copied (NumPy 3.9 ms). ebaf,cefd->cbda FP64 (K 8, batch chunk 42)
+# keeps its kernel: 3.3 ms as it lies, 5.0 ms through copies.
+SHORT_DEPTH = 16
+SHORT_DEPTH_GAIN = 4
 
 
 # Output axes longer than this with no divisor in the block range are split.
