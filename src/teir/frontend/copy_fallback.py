@@ -45,6 +45,16 @@ RunStep = Callable[[str, list[np.ndarray], np.ndarray, bool], None]
 # further apart each cost the kernel a TLB entry and a prefetch stream (cabe,abde->cdba with
 # in0's rows 388 KB apart: 6.9 ms used as it lies, 6.3 ms copied).
 ROW_GAP_LIMIT_BYTES = 64 << 10
+# An input of at least LARGE_COPY_BYTES whose copy would take about half as long as the
+# contraction's FLOPs at peak (at least one byte per LARGE_COPY_FLOPS_PER_BYTE FLOPs, in a
+# contraction of at least COMPUTE_BOUND_INTENSITY FLOPs per element) is left where it lies
+# even with its tile rows further apart: FP32 efacb,defa->dabc (16x32x97x32x21x28) reads
+# its 117 MB in0, K steps 198 KB apart, in place in 9.4-9.7 ms, where copying it took 32 ms
+# (NumPy 16 ms). Smaller ones are still copied (cabe,abde->cdba FP64 with a 9 MB in0, rows
+# 388 KB apart: 6.9 ms in place, 6.3 ms copied).
+LARGE_COPY_BYTES = 16 << 20
+LARGE_COPY_FLOPS_PER_BYTE = 32
+COMPUTE_BOUND_INTENSITY = 8
 # Kernel tiles of this many elements (M x N x K) are large enough, whatever copying all
 # three tensors would give: aecb,eda->acbd FP64 with in1 copied has tiles of 184 x 129 x 44
 # where copying all gives 920 x 129 x 44, and runs in 11 ms to their 24.
@@ -133,6 +143,16 @@ def choose(
 
     everything = contraction(full)
     assert everything is not None
+    # Inputs too large to copy cheaply may be read where they lie whatever their row gaps.
+    flops = everything.operation.config.flops if everything.operation is not None else 0
+    elements = sum(view.size for view in views) + prod(plan.out_shape)
+    large = tuple(
+        tensor
+        for tensor, view in zip((Tensor.IN0, Tensor.IN1), views)
+        if flops >= COMPUTE_BOUND_INTENSITY * elements
+        and view.size * plan.dtype.itemsize >= LARGE_COPY_BYTES
+        and view.size * plan.dtype.itemsize * LARGE_COPY_FLOPS_PER_BYTE >= flops
+    )
     if not fits(everything):
         return full, everything
     bytes_of = [prod(sizes[x] for x in order or "") for order in full]
@@ -153,7 +173,7 @@ def choose(
                 continue
             tried.add(orders)
             product = contraction(orders)
-            uncopied = tuple(t for t in Tensor if t.value not in subset)
+            uncopied = tuple(t for t in Tensor if t.value not in subset and t not in large)
             if product is None or not fits(product, uncopied):
                 continue
             volume = min(kernel_volume(everything), LARGE_KERNEL_VOLUME)
