@@ -24,11 +24,13 @@ import numpy as np
 
 from teir.frontend.einsum_parse import LETTERS
 from teir.frontend.einsum_plan import (
+    COMPUTE_BOUND_INTENSITY,
     Operand,
     Plan,
     canonical_orders,
     label_sizes,
     placeholder,
+    runs_kernels,
     vector_fill,
 )
 from teir.ir import ExecType, Tensor
@@ -47,14 +49,13 @@ RunStep = Callable[[str, list[np.ndarray], np.ndarray, bool], None]
 ROW_GAP_LIMIT_BYTES = 64 << 10
 # An input of at least LARGE_COPY_BYTES whose copy would take about half as long as the
 # contraction's FLOPs at peak (at least one byte per LARGE_COPY_FLOPS_PER_BYTE FLOPs, in a
-# contraction of at least COMPUTE_BOUND_INTENSITY FLOPs per element) is left where it lies
+# compute-bound contraction: ``einsum_plan.COMPUTE_BOUND_INTENSITY``) is left where it lies
 # even with its tile rows further apart: FP32 efacb,defa->dabc (16x32x97x32x21x28) reads
 # its 117 MB in0, K steps 198 KB apart, in place in 9.4-9.7 ms, where copying it took 32 ms
 # (NumPy 16 ms). Smaller ones are still copied (cabe,abde->cdba FP64 with a 9 MB in0, rows
 # 388 KB apart: 6.9 ms in place, 6.3 ms copied).
 LARGE_COPY_BYTES = 16 << 20
 LARGE_COPY_FLOPS_PER_BYTE = 32
-COMPUTE_BOUND_INTENSITY = 8
 # Kernel tiles of this many elements (M x N x K) are large enough, whatever copying all
 # three tensors would give: aecb,eda->acbd FP64 with in1 copied has tiles of 184 x 129 x 44
 # where copying all gives 920 x 129 x 44, and runs in 11 ms to their 24.
@@ -99,8 +100,7 @@ def kernel_volume(plan: Plan) -> int:
 def fits(plan: Plan, uncopied: tuple[Tensor, ...] = ()) -> bool:
     """Whether ``plan`` runs kernels (not the generic primitive), with the tiles of the
     ``uncopied`` tensors compact enough to be read where they lie."""
-    main = None if plan.operation is None else plan.operation.nest.main
-    if plan.canonical is not None or main is None or main.kind == "generic":
+    if plan.canonical is not None or not runs_kernels(plan):
         return False
     assert plan.config is not None
     schedule, itemsize = plan.config.schedule, plan.dtype.itemsize
@@ -146,12 +146,13 @@ def choose(
     # Inputs too large to copy cheaply may be read where they lie whatever their row gaps.
     flops = everything.operation.config.flops if everything.operation is not None else 0
     elements = sum(view.size for view in views) + prod(plan.out_shape)
+    compute_bound = flops >= COMPUTE_BOUND_INTENSITY * elements
     large = tuple(
         tensor
         for tensor, view in zip((Tensor.IN0, Tensor.IN1), views)
-        if flops >= COMPUTE_BOUND_INTENSITY * elements
-        and view.size * plan.dtype.itemsize >= LARGE_COPY_BYTES
-        and view.size * plan.dtype.itemsize * LARGE_COPY_FLOPS_PER_BYTE >= flops
+        if compute_bound
+        and view.nbytes >= LARGE_COPY_BYTES
+        and view.nbytes * LARGE_COPY_FLOPS_PER_BYTE >= flops
     )
     if not fits(everything):
         return full, everything

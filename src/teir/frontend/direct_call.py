@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from teir.buffers import aligned_empty
-from teir.frontend.einsum_parse import LETTERS
+from teir.frontend.einsum_parse import numpy_subscripts
 from teir.frontend.einsum_plan import Operand, Plan, operand, sum_out
 from teir.kernels.arrays import data_address, overlaps
 from teir.runtime.checked_call import DONE, FALLBACK, ArrayLayout, CheckedCall, checked_call
@@ -172,10 +172,8 @@ def direct_call(
         # the native call runs the operation on its arguments: never on unsummed operands
         checked = None if reduced else checked_call(operation, [*layouts, result])
     numpy_sum = None
-    if len(arrays) == 1 and reduced and not relu and len(reduced[0][1]) <= len(LETTERS):
-        letters = dict(zip(reduced[0][1], LETTERS))
-        term = "".join(letters[x] for x in plan.subscripts.inputs[0])
-        numpy_sum = f"{term}->{''.join(letters[x] for x in plan.subscripts.output)}"
+    if len(arrays) == 1 and reduced and not relu:
+        numpy_sum = numpy_subscripts(plan.subscripts.inputs, plan.subscripts.output)
     return DirectCall(
         plan,
         plan.dtype,

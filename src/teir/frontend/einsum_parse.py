@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import string
 from dataclasses import dataclass
+from functools import lru_cache
 
 from teir.errors import TeirError
 
@@ -103,3 +104,21 @@ def parse(subscripts: str, ndims: list[int]) -> Subscripts:
             label for label, count in counts.items() if count == 1 and label in LETTERS
         )
     return Subscripts(tuple(inputs), tuple(output))
+
+
+@lru_cache(maxsize=256)
+def numpy_subscripts(inputs: tuple[tuple[str, ...], ...], output: tuple[str, ...]) -> str | None:
+    """An einsum string for NumPy over these labels, each label one letter (the first seen
+    first: '...' dimensions have digit labels, which einsum strings do not take); None where
+    there are more labels than letters (NumPy 2 allows 64 dimensions).
+
+    >>> numpy_subscripts((("0", "i", "i"),), ("i",))
+    'abb->b'
+    """
+    letters: dict[str, str] = {}
+    for label in (x for term in inputs for x in term):
+        letters.setdefault(label, LETTERS[len(letters)] if len(letters) < len(LETTERS) else "")
+    if "" in letters.values():
+        return None
+    terms = ",".join("".join(letters[x] for x in term) for term in inputs)
+    return f"{terms}->{''.join(letters[x] for x in output)}"

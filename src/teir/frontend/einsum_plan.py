@@ -26,10 +26,11 @@ import numpy as np
 from teir.codegen.brgemm import choose_blocking
 from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target
-from teir.frontend.einsum_parse import LETTERS, EinsumError, Subscripts
+from teir.frontend.einsum_parse import EinsumError, Subscripts, numpy_subscripts
 from teir.frontend.lane_plan import lane_spec
 from teir.frontend.split_reduction import SplitReduction
 from teir.ir import Config
+from teir.lower.tiles import TileOp
 from teir.optimizer import optimize_with_log
 from teir.runtime.lane_operation import LaneOperation, compile_lanes
 from teir.runtime.operation import Operation
@@ -122,20 +123,21 @@ def sum_out(op: Operand, labels: list[str]) -> Operand:
     # NumPy's einsum sums in one pass over the operand as it lies; np.add.reduce over
     # several axes is 1.3-4x slower (bcaed->d on 10x24x29x26x12 FP64: 2.9 -> 1.2 ms,
     # abc->b on 50x40x30: 52 -> 13 us).
-    if len(op.labels) <= len(LETTERS):
-        letters = dict(zip(op.labels, LETTERS))
-        term = "".join(letters[label] for label in op.labels)
-        result = "".join(letters[label] for label in op.labels if label not in labels)
-        reduced = np.einsum(f"{term}->{result}", view)
-    else:  # more dimensions than einsum has letters (NumPy 2 allows 64)
+    kept = tuple(label for label in op.labels if label not in labels)
+    summing = numpy_subscripts((tuple(op.labels),), kept)
+    if summing is not None:
+        reduced = np.einsum(summing, view)
+    else:  # more dimensions than einsum has letters
         reduced = np.add.reduce(view, axis=tuple(op.labels.index(x) for x in labels))
     # summing every axis gives a NumPy scalar, which must become an array (its address)
     if not isinstance(reduced, np.ndarray) or not reduced.flags.c_contiguous:
         reduced = np.ascontiguousarray(reduced)
-    kept = [label for label in op.labels if label not in labels]
     _, kept_strides = element_strides(reduced)
     return Operand(
-        reduced, kept, {label: op.sizes[label] for label in kept}, dict(zip(kept, kept_strides))
+        reduced,
+        list(kept),
+        {label: op.sizes[label] for label in kept},
+        dict(zip(kept, kept_strides)),
     )
 
 
@@ -376,16 +378,11 @@ def make_plan(
     assert plan.operation is not None
     main = plan.operation.nest.main
     elements = sum(op.array.size for op in inputs) + prod(out_shape)
-    poor = (
-        main is not None
-        and main.kind == "brgemm"
-        and plan.operation.config.flops >= POOR_FILL_INTENSITY * elements
-        and vector_fill(plan) < POOR_FILL
-    )
+    intense = plan.operation.config.flops >= COMPUTE_BOUND_INTENSITY * elements
+    poor = main is not None and main.kind == "brgemm" and intense and vector_fill(plan) < POOR_FILL
     if len(inputs) != 2 or main is None:
         return plan, inputs
     unfit = main.kind == "generic" or poor
-    intense = plan.operation.config.flops >= POOR_FILL_INTENSITY * elements
     # a batched outer product with the batch innermost loops around a one-element kernel
     # (``ib,jb->ijb`` 512^2 x 32 into an out: 5.6 ms, 3.5 ms as a lane-batched contraction)
     kernel = main.spec
@@ -422,20 +419,25 @@ POOR_FILL = 0.5
 # ... when it does at least this many FLOPs per element of its operands and result: below,
 # its memory traffic, which copies add to, bounds it (ij,ji-> on 300 x 470: 132 us as it
 # lies, 289 us through copies).
-POOR_FILL_INTENSITY = 8
+COMPUTE_BOUND_INTENSITY = 8
+
+
+def _main(plan: Plan) -> TileOp | None:
+    """The main primitive of the plan's (first region's) operation, if it has one."""
+    return None if plan.operation is None else plan.operation.nest.main
 
 
 def runs_kernels(plan: Plan) -> bool:
     """Whether the operation planned on the operands as they lie runs kernels (not the
     generic scalar primitive)."""
-    main = None if plan.operation is None else plan.operation.nest.main
+    main = _main(plan)
     return main is not None and main.kind != "generic"
 
 
 def vector_fill(plan: Plan) -> float:
     """The fraction of vector lanes the plan's kernel fills along the dimension it vectorizes
     (1 for kernels other than BRGEMM)."""
-    main = None if plan.operation is None else plan.operation.nest.main
+    main = _main(plan)
     if main is None or not isinstance(main.spec, BrgemmSpec):
         return 1.0
     spec = main.spec
@@ -449,7 +451,7 @@ def vector_fill(plan: Plan) -> float:
 def kernel_depth(plan: Plan) -> int:
     """The K steps the plan's BRGEMM kernel sums between loading and storing its C tile
     (its K times its batch chunk; 0 for other kernels)."""
-    main = None if plan.operation is None else plan.operation.nest.main
+    main = _main(plan)
     if main is None or not isinstance(main.spec, BrgemmSpec):
         return 0
     return main.spec.k * choose_blocking(main.spec, Target.host()).chunk
@@ -459,7 +461,7 @@ def short_depth(plan: Plan) -> bool:
     """Whether the plan's kernel loads and stores its C tile every few K steps
     (``SHORT_DEPTH``), many times over its batch: short K runs whose batch elements lie too
     far apart to be taken together."""
-    main = None if plan.operation is None else plan.operation.nest.main
+    main = _main(plan)
     if main is None or main.kind != "brgemm" or not isinstance(main.spec, BrgemmSpec):
         return False
     depth = kernel_depth(plan)
@@ -468,7 +470,7 @@ def short_depth(plan: Plan) -> bool:
 
 # A BRGEMM kernel that sums fewer K steps than this between loading and storing its C tile,
 # and does so several times per call, has the copying fallback considered (when it does at
-# least POOR_FILL_INTENSITY FLOPs per element), taken when its kernel sums at least
+# least COMPUTE_BOUND_INTENSITY FLOPs per element), taken when its kernel sums at least
 # SHORT_DEPTH_GAIN times as many steps and fills as many lanes: FP32 eda,cbde->acb
 # (62x54x63x131x9; e of 9 along in1's unit stride, 32 KB apart in in0: batch chunks of 1)
 # 8.0 -> 3.1 ms with in1 copied (NumPy 3.9 ms). ebaf,cefd->cbda FP64 (K 8, batch chunk 42)
