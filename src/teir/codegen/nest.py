@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from math import prod
 
-from teir.codegen.brgemm import brgemm_function, kernel_stack_bytes
+from teir.codegen.brgemm import Prefetch, brgemm_function, kernel_stack_bytes
 from teir.codegen.generic import GenericSpec, generic_function
 from teir.codegen.irtext import FunctionBuilder, Module, scalar_type
 from teir.codegen.specs import BrgemmSpec, UnarySpec
@@ -25,12 +25,24 @@ from teir.lower.tiles import TileOp
 Offsets = tuple[str | int, str | int, str | int]
 
 
-def _tile_op_function(op: TileOp, target: Target, module: Module, name: str) -> None:
-    """``void name(ptr in0, ptr in1, ptr out)``: the op's kernel inside its tile loops."""
+def _tile_op_function(
+    op: TileOp, target: Target, module: Module, name: str, prefetch: Prefetch | None = None
+) -> None:
+    """``void name(ptr in0, ptr in1, ptr out)``: the op's kernel inside its tile loops. With
+    ``prefetch`` (a BRGEMM without tile loops), ``void name(ptr in0, ptr in1, ptr out, ptr
+    next_in0, ptr next_in1)``: the kernel prefetches the next call's tiles."""
     kernel = f"{name}.kernel"
     spec = op.spec
     if isinstance(spec, BrgemmSpec):
-        brgemm_function(spec, target, module, kernel, linkage="internal", attributes="alwaysinline")
+        brgemm_function(
+            spec,
+            target,
+            module,
+            kernel,
+            linkage="internal",
+            attributes="alwaysinline",
+            prefetch=prefetch,
+        )
     elif isinstance(spec, UnarySpec):
         # measured on the permutation suite: in a nest, half-width blocks and diagonal block
         # orders (tuned for data hot in cache) cost 10-25 % (ij->ji 2048²: 1.3 -> 1.6 ms)
@@ -47,13 +59,19 @@ def _tile_op_function(op: TileOp, target: Target, module: Module, name: str) -> 
         assert isinstance(spec, GenericSpec)
         generic_function(spec, module, kernel, linkage="internal", attributes="alwaysinline")
     t = scalar_type(spec.itemsize)
+    following = ", ptr %next_in0, ptr %next_in1" if prefetch is not None else ""
     f = FunctionBuilder(
-        module, f"define internal void @{name}(ptr %in0, ptr %in1, ptr %out) alwaysinline nounwind"
+        module,
+        f"define internal void @{name}(ptr %in0, ptr %in1, ptr %out{following}) "
+        "alwaysinline nounwind",
     )
     bases = ("%in0", "%in1", "%out")
 
     def call(offsets: Offsets) -> None:
         pointers = [f.gep(t, bases[tensor.value], offsets[tensor.value]) for tensor in op.operands]
+        if prefetch is not None:
+            assert not op.loops
+            pointers += [("%next_in0", "%next_in1")[tensor.value] for tensor in op.operands[:2]]
         f.emit(f"call void @{kernel}({', '.join(f'ptr {p}' for p in pointers)})")
 
     def nested(level: int, offsets: Offsets) -> None:
@@ -89,14 +107,31 @@ def nest_stack_bytes(nest: LoopNest, target: Target) -> int:
     return total
 
 
+def _prefetch(nest: LoopNest, op: TileOp) -> Prefetch | None:
+    """Which of the kernel's inputs to prefetch for the next iteration of the innermost loop:
+    those that move with it, for a BRGEMM called straight on the tensors (no tile loops, no
+    packed panel)."""
+    if not isinstance(op.spec, BrgemmSpec) or op.loops or nest.panel is not None:
+        return None
+    if not nest.loops:
+        return None
+    strides = nest.loops[-1].strides
+    a, b = (strides[tensor.value] != 0 for tensor in op.operands[:2])
+    return Prefetch(a, b) if a or b else None
+
+
 def nest_function(nest: LoopNest, target: Target, module: Module, name: str) -> None:
     """Add the nest function ``name`` (and its tile primitives) to ``module``."""
     ops: dict[str, str] = {}
+    prefetching: set[str] = set()  # the roles whose kernels take the next iteration's tiles
     for role in ("first", "main", "main_zero", "last"):
         op: TileOp | None = getattr(nest, role)
         if op is not None:
             ops[role] = f"{name}.{role}"
-            _tile_op_function(op, target, module, ops[role])
+            prefetch = _prefetch(nest, op) if role in ("main", "main_zero") else None
+            if prefetch is not None:
+                prefetching.add(role)
+            _tile_op_function(op, target, module, ops[role], prefetch)
     panel = nest.panel
     if panel is not None:
         _tile_op_function(panel.copy, target, module, f"{name}.pack")
@@ -115,10 +150,13 @@ def nest_function(nest: LoopNest, target: Target, module: Module, name: str) -> 
         prod(loop.size for loop in loops[i + 1 :] if loop.parallel) for i in range(len(loops))
     ]
 
-    def call(role: str, offsets: Offsets) -> None:
+    def call(role: str, offsets: Offsets, following: Offsets | None = None) -> None:
         pointers = [f.gep(t, base, offsets[i]) for i, base in enumerate(("%in0", "%in1", "%out"))]
         if panel is not None and role in ("main", "main_zero"):
             pointers[panel.tensor.value] = "%panel"  # the kernel's A comes from the buffer
+        if role in prefetching:
+            assert following is not None
+            pointers += [f.gep(t, base, following[i]) for i, base in enumerate(("%in0", "%in1"))]
         f.emit(f"call void @{ops[role]}({', '.join(f'ptr {p}' for p in pointers)})")
 
     def pack(offsets: Offsets) -> None:
@@ -152,7 +190,7 @@ def nest_function(nest: LoopNest, target: Target, module: Module, name: str) -> 
         else:
             f.when(condition, body, otherwise)
 
-    def innermost(offsets: Offsets, indices: list[str | int]) -> None:
+    def innermost(offsets: Offsets, indices: list[str | int], following: Offsets | None) -> None:
         first_condition = last_condition = None
         if nest.access is Access.K_INDICES:
             first_condition = k_condition(indices, at_end=False)
@@ -166,28 +204,44 @@ def nest_function(nest: LoopNest, target: Target, module: Module, name: str) -> 
         if "main_zero" in ops:
             guarded(
                 first_condition,
-                lambda: call("main_zero", offsets),
-                (lambda: call("main", offsets)) if first_condition is not None else None,
+                lambda: call("main_zero", offsets, following),
+                (lambda: call("main", offsets, following)) if first_condition is not None else None,
             )
         else:
             if "first" in ops:
                 guarded(first_condition, lambda: call("first", offsets))
             if "main" in ops:
-                call("main", offsets)
+                call("main", offsets, following)
         if "last" in ops:
             guarded(last_condition, lambda: call("last", offsets))
 
-    def level(depth: int, offsets: Offsets, indices: list[str | int], prefix: str | int) -> None:
+    def level(
+        depth: int,
+        offsets: Offsets,
+        indices: list[str | int],
+        prefix: str | int,
+        following: Offsets | None = None,
+    ) -> None:
         if panel is not None and depth == panel.depth:
             pack(offsets)
         if depth == len(loops):
-            innermost(offsets, indices)
+            innermost(offsets, indices, following)
             return
         loop = loops[depth]
+        end: str | int = loop.size  # of this thread's part of the loop
 
         def descend(index: str, prefix: str | int) -> None:
             moved = tuple(f.add_i64(o, f.mul_i64(index, s)) for o, s in zip(offsets, loop.strides))
-            level(depth + 1, moved, [*indices, index], prefix)  # type: ignore[arg-type]
+            following = None
+            if prefetching and depth == len(loops) - 1:
+                # the next iteration's tiles; the last iteration's own (already in cache)
+                after = f.assign(f"add i64 {index}, 1", "i")
+                more = f.assign(f"icmp slt i64 {after}, {end}", "c")
+                following = tuple(
+                    f.assign(f"select i1 {more}, i64 {f.add_i64(o, s)}, i64 {o}", "i") if s else o
+                    for o, s in zip(moved, loop.strides)
+                )
+            level(depth + 1, moved, [*indices, index], prefix, following)  # type: ignore[arg-type]
 
         if not loop.parallel:
 
@@ -207,6 +261,7 @@ def nest_function(nest: LoopNest, target: Target, module: Module, name: str) -> 
         high = f.assign(f"udiv i64 {high}, {inner}", "i") if inner > 1 else high
         high = f.assign(f"sub i64 {high}, {base}", "i") if base != 0 else high
         high = f.assign(f"call i64 @llvm.smin.i64(i64 {high}, i64 {loop.size})", "i")
+        end = high
         f.range_loop(
             low, high, lambda index: descend(index, f.add_i64(base, index)), f"p{loop.axis}"
         )
