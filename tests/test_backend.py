@@ -580,3 +580,30 @@ def test_deep_contractions_past_half_the_last_level_stream_their_output(
     config = teir.Config.from_dict(_batched_gemm("FP32", 8, 32, 32, k))
     nest = lower(config)
     assert nest.main_zero is not None and nest.main_zero.spec.stream_c is streamed
+
+
+@pytest.mark.parametrize("dtype", ["FP32", "FP64"])
+@pytest.mark.parametrize("offset", [0, 1, 2, 3, 4])
+def test_streamed_outputs_at_any_offset_with_prefetches(monkeypatch, dtype, offset):
+    """Streamed C, swept from a shifted start where the output lies off a vector boundary,
+    prefetches the next batch element's tiles in each sweep; every offset gives the
+    reference result."""
+    import teir.lower.tiles as tiles
+    from teir.lower.nest import lower
+
+    monkeypatch.setattr(tiles, "cache_sizes", lambda: {"L1": 1024, "L2": 4096, "L3": 8192})
+    batch, m, n, k = 5, 70, 40, 32
+    config = teir.Config.from_dict(_batched_gemm(dtype, batch, m, n, k))
+    assert lower(config).main_zero.spec.stream_c
+    assert "@llvm.prefetch" in _nest_ir(config)
+    dtype_np = np.float32 if dtype == "FP32" else np.float64
+    rng = np.random.default_rng(offset)
+    a = rng.standard_normal(batch * m * k).astype(dtype_np)
+    b = rng.standard_normal(batch * k * n).astype(dtype_np)
+    size = batch * m * n
+    out = teir.buffers.aligned_empty((size + 8,), dtype_np)[offset : offset + size]
+    out[:] = np.nan
+    teir.compile(config, threads=2)(a, b, out)
+    expected = np.full_like(out, np.nan)
+    reference.execute(config, a, b, expected)
+    assert_close(config, out, expected, k_terms(config) * 4)

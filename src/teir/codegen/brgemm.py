@@ -440,14 +440,17 @@ class _Emitter:
         # the sweep runs once per call: its blocks share the next call's prefetches
         prefetching = self.prefetch is not None and batch == spec.batch and not blk.k_piece
 
-        def prefetch(r0: str | int, c0: str | int, rows_inside: bool) -> None:
+        def prefetch(
+            r0: str | int, c0: str | int, rows_inside: bool, rows: int = row_blocks
+        ) -> None:
+            """Before the register block at (r0, c0) of ``rows`` x ``col_blocks``."""
             if prefetching:
                 r, c = self.f.udiv_i64(r0, row_step), self.f.udiv_i64(c0, col_step)
                 if rows_inside:
-                    block = self.f.add_i64(self.f.mul_i64(c, row_blocks), r)
+                    block = self.f.add_i64(self.f.mul_i64(c, rows), r)
                 else:
                     block = self.f.add_i64(self.f.mul_i64(r, col_blocks), c)
-                self.prefetch_next(block, row_blocks * col_blocks)
+                self.prefetch_next(block, rows * col_blocks)
 
         def over(parts: list[tuple[int, int, int]], step: int, body, hint: str) -> None:  # type: ignore[no-untyped-def]
             for count, size, start in parts:
@@ -500,15 +503,17 @@ class _Emitter:
             # one's lanes before the tile and the last one's past it are masked off.
             first_rows = min(row_step, rows_total + shift)
             rest = _parts(rows_total + shift - first_rows, row_step)
+            shifted_rows = 1 + -(-(rows_total + shift - first_rows) // row_step)
 
             def shifted_col_block(c0: str | int, cols: int) -> None:
+                prefetch(0, c0, rows_inside=True, rows=shifted_rows)
                 self.outer_block(
                     a, b, -shift, c0, first_rows, cols, batch, True, head=shift, aligned=True
                 )
-                over(
-                    rest,
-                    row_step,
-                    lambda r0, rows: self.outer_block(
+
+                def rest_block(r0: str | int, rows: int) -> None:
+                    prefetch(self.f.add_i64(r0, row_step), c0, rows_inside=True, rows=shifted_rows)
+                    self.outer_block(
                         a,
                         b,
                         self.f.add_i64(r0, first_rows - shift),
@@ -518,9 +523,9 @@ class _Emitter:
                         batch,
                         True,
                         aligned=True,
-                    ),
-                    "row",
-                )
+                    )
+
+                over(rest, row_step, rest_block, "row")
 
             over(col_parts, col_step, shifted_col_block, "col")
 
