@@ -13,7 +13,8 @@ import pytest
 import teir
 from kernel_harness import compile_many, run_brgemm, run_unary
 from teir import kernels
-from teir.codegen.brgemm import K_PIECE, Blocking, choose_blocking
+from teir.codegen.brgemm import K_PIECE, Blocking, _Emitter, choose_blocking
+from teir.codegen.irtext import Module
 from teir.codegen.specs import BrgemmSpec, KernelError, UnaryOp, UnarySpec
 from teir.codegen.target import Target
 
@@ -664,3 +665,51 @@ def test_broadcast_columns_do_not_crowd_an_l1_set(dtype, ldb):
     # the kernel on that block is still right
     (function,) = compile_many([spec], HOST)
     run_brgemm(spec, function, seed=ldb)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("trans_a", [False, True])
+def test_streamed_c_from_packed_a_at_every_alignment(dtype, trans_a):
+    """A kernel that packs A row block by row block (columns pages apart, or A transposed)
+    sweeps a streamed C that lies 16, 32 or 48 bytes past a vector boundary from a shifted
+    start too: the first block's rows before the tile are packed as zeros, never read (FP64
+    attention scores into `np.zeros`: C went through the caches)."""
+    lanes = HOST.lanes(4 if dtype == "f32" else 8)
+    itemsize = 4 if dtype == "f32" else 8
+    specs, shifts = [], []
+    # untransposed A packed by row blocks only when the whole tile would not fit the buffer
+    cases = (
+        ((4 * lanes, 17, 2 * lanes + 3, 1), (6 * lanes + 5, 33, lanes, 2))
+        if trans_a
+        else ((4 * lanes + 5, 20, 420, 1), (6 * lanes, 24, 400, 2))
+    )
+    for m, n, k, batch in cases:
+        lda = k if trans_a else 4096 // itemsize + m
+        ldc = -(-m // lanes) * lanes + lanes  # columns on vector boundaries
+        spec = BrgemmSpec(
+            dtype,
+            m,
+            n,
+            k,
+            batch,
+            trans_a,
+            False,
+            lda,
+            k,
+            ldc,
+            lda * (m if trans_a else k),
+            k * n,
+            beta=0,
+            stream_c=True,
+        )
+        blocking = choose_blocking(spec, HOST)
+        assert blocking.pack_a and not blocking.pack_whole, spec
+        # C 16 bytes or more past a boundary gets a shifted sweep of its own
+        emitter = _Emitter(spec, blocking, Module(), "kernel", "", "")
+        assert emitter.c_shifts() == list(range(16 // itemsize, lanes, 16 // itemsize))
+        for shift in (0, 1, lanes // 4, lanes // 2, 3 * lanes // 4, lanes - 1):
+            specs.append(spec)
+            shifts.append(shift)
+    functions = compile_many(specs, HOST)
+    for seed, (spec, function, shift) in enumerate(zip(specs, functions, shifts)):
+        run_brgemm(spec, function, seed, shift)

@@ -440,16 +440,14 @@ class _Emitter:
         # the sweep runs once per call: its blocks share the next call's prefetches
         prefetching = self.prefetch is not None and batch == spec.batch and not blk.k_piece
 
-        def prefetch(
-            r0: str | int, c0: str | int, rows_inside: bool, rows: int = row_blocks
-        ) -> None:
-            """Before the register block at (r0, c0) of ``rows`` x ``col_blocks``."""
+        def prefetch(row: str | int, col: str | int, rows_inside: bool, rows: int) -> None:
+            """Before the register block in row block ``row`` and column block ``col`` (of
+            ``rows`` x ``col_blocks``), blocks counted in sweep order."""
             if prefetching:
-                r, c = self.f.udiv_i64(r0, row_step), self.f.udiv_i64(c0, col_step)
                 if rows_inside:
-                    block = self.f.add_i64(self.f.mul_i64(c, rows), r)
+                    block = self.f.add_i64(self.f.mul_i64(col, rows), row)
                 else:
-                    block = self.f.add_i64(self.f.mul_i64(r, col_blocks), c)
+                    block = self.f.add_i64(self.f.mul_i64(row, col_blocks), col)
                 self.prefetch_next(block, rows * col_blocks)
 
         def over(parts: list[tuple[int, int, int]], step: int, body, hint: str) -> None:  # type: ignore[no-untyped-def]
@@ -463,12 +461,50 @@ class _Emitter:
 
                 self.f.loop(count, [], loop_body, hint)
 
+        def column(c0: str | int) -> str | int:  # the column block's ordinal
+            return self.f.udiv_i64(c0, col_step)
+
+        def over_rows(shift: int, body) -> None:  # type: ignore[no-untyped-def]
+            """Call ``body(r0, rows, head, row)`` for each row block (``row`` its ordinal):
+            from row 0 or, C starting ``shift`` elements past a vector boundary, from
+            -shift, so that every vector of C is aligned and goes around the caches (the
+            first block's ``head`` lanes before the tile and the last one's past it masked
+            off)."""
+            if not shift:
+                over(
+                    row_parts,
+                    row_step,
+                    lambda r0, rows: body(r0, rows, 0, self.f.udiv_i64(r0, row_step)),
+                    "row",
+                )
+                return
+            first_rows = min(row_step, rows_total + shift)
+            body(-shift, first_rows, shift, 0)
+            over(
+                _parts(rows_total + shift - first_rows, row_step),
+                row_step,
+                lambda r0, rows: body(
+                    self.f.add_i64(r0, first_rows - shift),
+                    rows,
+                    0,
+                    self.f.add_i64(self.f.udiv_i64(r0, row_step), 1),
+                ),
+                "row",
+            )
+
+        def row_count(shift: int) -> int:
+            """The row blocks of :func:`over_rows`."""
+            if not shift:
+                return row_blocks
+            return 1 + -(-(rows_total + shift - min(row_step, rows_total + shift)) // row_step)
+
         if blk.pack_whole:
             whole = self.pack_rows(a, rows_total, batch)
 
             def packed_col_block(c0: str | int, cols: int) -> None:
                 def packed_block(r0: str | int, rows: int) -> None:
-                    prefetch(r0, c0, rows_inside=True)
+                    row = self.f.udiv_i64(r0, row_step)
+                    prefetch(row, column(c0), rows_inside=True, rows=row_blocks)
                     buffer = self.f.gep(self.t, whole, self.f.mul_i64(r0, batch * spec.k))
                     self.outer_block(buffer, b, r0, c0, rows, cols, batch, overwrite, packed=True)
 
@@ -476,73 +512,62 @@ class _Emitter:
 
             over(col_parts, col_step, packed_col_block, "col")
             return
-        if blk.pack_a:
+
+        def packed_sweep(shift: int) -> None:
             # Row blocks outside: pack the block's A once, then every column block uses it.
-            def row_block(r0: str | int, rows: int) -> None:
-                buffer = self.pack(a, r0, rows, batch)
+            def row_block(r0: str | int, rows: int, head: int, row: str | int) -> None:
+                buffer = self.pack(a, r0, rows, batch, head)
 
                 def packed_block(c0: str | int, cols: int) -> None:
-                    prefetch(r0, c0, rows_inside=False)
-                    self.outer_block(buffer, b, r0, c0, rows, cols, batch, overwrite, packed=True)
-
-                over(col_parts, col_step, packed_block, "col")
-
-            over(row_parts, row_step, row_block, "row")
-            return
-
-        def col_block(c0: str | int, cols: int) -> None:
-            def row_block(r0: str | int, rows: int) -> None:
-                prefetch(r0, c0, rows_inside=True)
-                self.block(a, b, r0, c0, rows, cols, batch, overwrite)
-
-            over(row_parts, row_step, row_block, "row")
-
-        def shifted(shift: int) -> None:
-            # C starts `shift` elements past a vector boundary: the rows are swept from
-            # -shift, so every vector of C is aligned and goes around the caches; the first
-            # one's lanes before the tile and the last one's past it are masked off.
-            first_rows = min(row_step, rows_total + shift)
-            rest = _parts(rows_total + shift - first_rows, row_step)
-            shifted_rows = 1 + -(-(rows_total + shift - first_rows) // row_step)
-
-            def shifted_col_block(c0: str | int, cols: int) -> None:
-                prefetch(0, c0, rows_inside=True, rows=shifted_rows)
-                self.outer_block(
-                    a, b, -shift, c0, first_rows, cols, batch, True, head=shift, aligned=True
-                )
-
-                def rest_block(r0: str | int, rows: int) -> None:
-                    prefetch(self.f.add_i64(r0, row_step), c0, rows_inside=True, rows=shifted_rows)
+                    prefetch(row, column(c0), rows_inside=False, rows=row_count(shift))
                     self.outer_block(
-                        a,
+                        buffer,
                         b,
-                        self.f.add_i64(r0, first_rows - shift),
+                        r0,
                         c0,
                         rows,
                         cols,
                         batch,
-                        True,
-                        aligned=True,
+                        True if shift else overwrite,
+                        packed=True,
+                        head=head,
+                        aligned=bool(shift),
                     )
 
-                over(rest, row_step, rest_block, "row")
+                over(col_parts, col_step, packed_block, "col")
 
-            over(col_parts, col_step, shifted_col_block, "col")
+            over_rows(shift, row_block)
 
+        def plain_sweep(shift: int) -> None:
+            def col_block(c0: str | int, cols: int) -> None:
+                def row_block(r0: str | int, rows: int, head: int, row: str | int) -> None:
+                    prefetch(row, column(c0), rows_inside=True, rows=row_count(shift))
+                    if shift:
+                        self.outer_block(
+                            a, b, r0, c0, rows, cols, batch, True, head=head, aligned=True
+                        )
+                    else:
+                        self.block(a, b, r0, c0, rows, cols, batch, overwrite)
+
+                over_rows(shift, row_block)
+
+            over(col_parts, col_step, col_block, "col")
+
+        sweep = packed_sweep if blk.pack_a else plain_sweep
         shifts = self.c_shifts()
         if not shifts:
-            over(col_parts, col_step, col_block, "col")
+            sweep(0)
             return
         assert overwrite is True  # streamed C is written once, by the only chunk
         misaligned = self.f.misaligned_bytes("%C", blk.lanes * spec.itemsize)
 
         def choose(remaining: list[int]) -> None:
             if not remaining:
-                over(col_parts, col_step, col_block, "col")
+                sweep(0)
                 return
             shift = remaining[0]
             is_shift = self.f.assign(f"icmp eq i64 {misaligned}, {shift * spec.itemsize}", "c")
-            self.f.when(is_shift, lambda: shifted(shift), lambda: choose(remaining[1:]))
+            self.f.when(is_shift, lambda: sweep(shift), lambda: choose(remaining[1:]))
 
         choose(shifts)
 
@@ -593,20 +618,22 @@ class _Emitter:
             self.f.entry_alloca(f"%pack = alloca {self.t}, i64 {size}, align 64")
         return self.buffer
 
-    def pack(self, a: str, r0: str | int, rows: int, batch: int) -> str:
+    def pack(self, a: str, r0: str | int, rows: int, batch: int, head: int = 0) -> str:
         """Copy A[r0 : r0 + rows, :] of every batch element of the chunk into the packing
-        buffer: per (element, k) one run of vectors * lanes values, zero beyond ``rows``."""
+        buffer: per (element, k) one run of vectors * lanes values, zero beyond ``rows``
+        and, in a shifted sweep, in the ``head`` rows before the tile (r0 = -head)."""
         buffer = self.allocate_buffer()
         if self.spec.trans_a:
-            self.pack_transposed(a, r0, rows, batch)
+            self.pack_transposed(a, r0, rows, batch, head)
         else:
-            self.pack_rows(self.f.gep(self.t, a, r0), rows, batch)
+            self.pack_rows(a, rows, batch, r0, head)
         return buffer
 
-    def pack_rows(self, a: str, rows: int, batch: int) -> str:
-        """Copy the first ``rows`` of A of every batch element of the chunk into the packing
-        buffer in one pass, row block after row block, each as :meth:`pack` lays out one:
-        with several row blocks, each column of A is read as one run."""
+    def pack_rows(self, a: str, rows: int, batch: int, r0: str | int = 0, head: int = 0) -> str:
+        """Copy ``rows`` of A from ``r0`` (the first ``head`` of them before the tile, packed
+        as zeros) of every batch element of the chunk into the packing buffer in one pass,
+        row block after row block, each as :meth:`pack` lays out one: with several row
+        blocks, each column of A is read as one run."""
         spec, blk, f = self.spec, self.b, self.f
         lanes, padded = blk.lanes, blk.vectors * blk.lanes
         blocks = -(-rows // padded)
@@ -625,7 +652,12 @@ class _Emitter:
                     value = (
                         "zeroinitializer"
                         if v >= vectors
-                        else self.load_vector(row, v * lanes, min(lanes, rows - v * lanes))
+                        else self.load_vector(
+                            row,
+                            f.add_i64(r0, v * lanes),
+                            min(lanes, rows - v * lanes),
+                            head if v == 0 else 0,
+                        )
                     )
                     block, within = divmod(v, blk.vectors)
                     pointer = f.gep(self.t, to, block * block_elements + within * lanes)
@@ -638,7 +670,7 @@ class _Emitter:
         f.loop(batch, [], element, "pb")
         return buffer
 
-    def pack_transposed(self, a: str, r0: str | int, rows: int, batch: int) -> None:
+    def pack_transposed(self, a: str, r0: str | int, rows: int, batch: int, head: int = 0) -> None:
         """The packing of :meth:`pack` from an A stored transposed (A[m, k] at m * lda + k):
         lanes x lanes blocks go through registers and are transposed there."""
         spec, blk, f = self.spec, self.b, self.f
@@ -654,7 +686,7 @@ class _Emitter:
                         f.add_i64(f.mul_i64(f.add_i64(r0, g * lanes + rr), spec.lda), k0),
                         width,
                     )
-                    if rr < valid
+                    if (g or rr >= head) and rr < valid
                     else "zeroinitializer"
                     for rr in range(lanes)
                 ]
@@ -719,12 +751,14 @@ class _Emitter:
         vector of C starts on a vector boundary (the shifted sweep)."""
         spec, blk, f = self.spec, self.b, self.f
         mirror = blk.form == "mirror"
-        assert not head or (not packed and not mirror and overwrite is True)
+        assert not head or (not mirror and overwrite is True)
         lanes = blk.lanes
         vectors = -(-rows // lanes)
         active = [min(lanes, rows - v * lanes) for v in range(vectors)]
         firsts = [head if v == 0 else 0 for v in range(vectors)]
+        # the packing buffer holds whole vectors, zero in the lanes masked off C
         load_active = [lanes] * vectors if packed else active
+        load_firsts = [0] * vectors if packed else firsts
         row_offset: str | int = 0 if packed else r0
         # Where the vector operand and the broadcast operand live: element (row, col, k).
         if mirror:  # vectors along N from B^T (unit stride on N), broadcasts of A (unit K)
@@ -750,7 +784,7 @@ class _Emitter:
                     vb,
                     f.add_i64(f.add_i64(row_offset, v * lanes), f.mul_i64(k, vec_k)),
                     load_active[v],
-                    firsts[v],
+                    load_firsts[v],
                 )
                 for v in range(vectors)
             ]
@@ -810,7 +844,7 @@ class _Emitter:
         the alignment NumPy gives large arrays (FP32 with C 16 bytes past a boundary:
         60 % of peak with regular stores, 94 % shifted)."""
         spec, blk = self.spec, self.b
-        if not self.streams_c() or blk.form != "outer" or blk.pack_a:
+        if not self.streams_c() or blk.form != "outer" or blk.pack_whole:
             return []
         if spec.m < SHIFT_LEAST_VECTORS * blk.lanes:
             return []  # the extra vector per column costs more than the streaming saves
