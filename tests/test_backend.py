@@ -517,15 +517,15 @@ def _batched_gemm(dtype: str, batch: int, m: int, n: int, k: int, **extra) -> di
 @pytest.mark.parametrize("threads", [1, 2])
 def test_kernels_in_a_batch_loop_prefetch_the_next_tiles(dtype, batch_exec, threads):
     """A GEMM called in a loop over batch elements prefetches the next element's A and B
-    while it computes (FP64 64 x 128³ from memory: 80 -> 92 GFLOP/s); tails, thread slices
+    while it computes (FP64 64 x 128³ from memory: 80 -> 111 GFLOP/s); tails, thread slices
     (each prefetches within its own) and the last element give the reference result."""
-    config = teir.Config.from_dict(_batched_gemm(dtype, 7, 37, 40, 24, batch_exec=batch_exec))
+    config = teir.Config.from_dict(_batched_gemm(dtype, 7, 70, 67, 24, batch_exec=batch_exec))
     assert "@llvm.prefetch" in _nest_ir(config)
     dtype_np = np.float32 if dtype == "FP32" else np.float64
     rng = np.random.default_rng(3)
-    a = rng.standard_normal(7 * 37 * 24).astype(dtype_np)
-    b = rng.standard_normal(7 * 24 * 40).astype(dtype_np)
-    out = np.full(7 * 37 * 40, np.nan, dtype_np)
+    a = rng.standard_normal(7 * 70 * 24).astype(dtype_np)
+    b = rng.standard_normal(7 * 24 * 67).astype(dtype_np)
+    out = np.full(7 * 70 * 67, np.nan, dtype_np)
     teir.compile(config, threads=threads)(a, b, out)
     expected = np.full_like(out, np.nan)
     reference.execute(config, a, b, expected)
@@ -534,7 +534,8 @@ def test_kernels_in_a_batch_loop_prefetch_the_next_tiles(dtype, batch_exec, thre
 
 def test_prefetched_tiles_fill_their_extent_and_a_part_of_l2(monkeypatch):
     """Only tiles that fill most of their extent are prefetched (not the columns of a large
-    matrix), and no more of them than a quarter of L2: A before B."""
+    matrix), no more of them than a quarter of L2 (A before B), and none for a kernel of
+    fewer than 32 FMAs per line."""
     import teir.codegen.brgemm as brgemm
     from teir.codegen.brgemm import Prefetch, prefetch_lines
     from teir.codegen.specs import BrgemmSpec
@@ -548,6 +549,9 @@ def test_prefetched_tiles_fill_their_extent_and_a_part_of_l2(monkeypatch):
     assert prefetch_lines(columns, both) == (0, 2048)
     large = BrgemmSpec("f64", 64, 256, 256)  # A 128 KiB, B 512 KiB
     assert prefetch_lines(large, both) == (2048, 0)
+    short = BrgemmSpec("f64", 32, 32, 32)  # 4096 FMAs, 256 lines
+    assert prefetch_lines(short, both) == (0, 0)
+    assert prefetch_lines(BrgemmSpec("f64", 64, 64, 32), both) == (256, 256)
 
 
 def test_a_loop_that_moves_neither_input_prefetches_nothing():
@@ -592,7 +596,7 @@ def test_streamed_outputs_at_any_offset_with_prefetches(monkeypatch, dtype, offs
     from teir.lower.nest import lower
 
     monkeypatch.setattr(tiles, "cache_sizes", lambda: {"L1": 1024, "L2": 4096, "L3": 8192})
-    batch, m, n, k = 5, 70, 40, 32
+    batch, m, n, k = 5, 70, 70, 32
     config = teir.Config.from_dict(_batched_gemm(dtype, batch, m, n, k))
     assert lower(config).main_zero.spec.stream_c
     assert "@llvm.prefetch" in _nest_ir(config)

@@ -53,12 +53,16 @@ BROADCAST_CYCLES = 1.0
 HALF_WIDTH_FMA_CYCLES = 0.6
 # A kernel in a loop nest may prefetch the next call's A and B (``Prefetch``): their lines
 # spread over its register blocks, at most this many before each, into L2 (a batch of FP64
-# 128³ GEMMs from memory, 64 x 384 KiB: 80 -> 92 GFLOP/s, out transposed 87 -> 101). Only
-# tiles that fill most of their extent, and no more than this part of L2 with the tiles in
-# use (the attention output's 640 KiB of next tiles: 95 -> 91).
+# 128³ GEMMs from memory, 64 x 384 KiB: 80 -> 111 GFLOP/s with its output streamed, out
+# transposed 91 -> 97). Only tiles that fill most of their extent, and no more than this
+# part of L2 with the tiles in use (the attention output's 640 KiB of next tiles: 95 -> 91).
 PREFETCH_BURST = 64
 PREFETCH_L2_PART = 4
 PREFETCH_LEAST_FILL = 0.75
+# ... and only kernels with this many FMAs per line to prefetch: a shorter one finds the next
+# tiles in cache (lab1_gemm's 32³ FP64 kernels in a K loop, 16 FMAs per line: 93 -> 66 % of
+# peak with the prefetches, address arithmetic included, before each register block).
+PREFETCH_LEAST_FMAS = 32
 
 
 @dataclass(frozen=True)
@@ -74,8 +78,10 @@ class Prefetch:
 def prefetch_lines(spec: BrgemmSpec, prefetch: Prefetch) -> tuple[int, int]:
     """The cache lines of the next A and B tiles the kernel prefetches (0: none of that one):
     a tile is prefetched whole when it fills most of its extent and, with the one before it,
-    fits its part of L2."""
+    fits its part of L2; none where the kernel is too short for them."""
     budget = cache_sizes()["L2"] // PREFETCH_L2_PART
+    full_lanes = 64 // spec.itemsize  # the FMAs of 512-bit vectors
+    fmas = spec.flops // (2 * full_lanes)
     lines = [0, 0]
     used = 0
     tiles = (
@@ -87,6 +93,8 @@ def prefetch_lines(spec: BrgemmSpec, prefetch: Prefetch) -> tuple[int, int]:
         if wanted and elements >= PREFETCH_LEAST_FILL * extent and used + size <= budget:
             used += size
             lines[index] = -(-size // LINE_BYTES)
+    if fmas < PREFETCH_LEAST_FMAS * (lines[0] + lines[1]):
+        return 0, 0
     return lines[0], lines[1]
 
 
@@ -574,41 +582,26 @@ class _Emitter:
     def prefetch_next(self, block: str | int, blocks: int) -> None:
         """Prefetch register block ``block``'s share (of ``blocks``) of the next call's A and B
         lines into L2: spread over the blocks, the prefetches overlap the sweep's arithmetic."""
-        spec, f = self.spec, self.f
         assert self.prefetch is not None
-        lines_a, lines_b = prefetch_lines(spec, self.prefetch)
-        total = lines_a + lines_b
-        if not total:
-            return
-        share = min(-(-total // blocks), PREFETCH_BURST)
-        first = f.mul_i64(block, share)
-        for j in range(share):
-            line = f.add_i64(first, j)
-            # lines past the last one repeat it (the sweep's last blocks have none left)
-            if not lines_b or (isinstance(line, int) and line < lines_a):
-                pointer = self.line_pointer("%PA", line, lines_a)
-            elif not lines_a or isinstance(line, int):
-                pointer = self.line_pointer("%PB", f.add_i64(line, -lines_a), lines_b)
+        for base, lines in zip(("%PA", "%PB"), prefetch_lines(self.spec, self.prefetch)):
+            if not lines:
+                continue
+            share = min(-(-lines // blocks), PREFETCH_BURST)
+            # a run of `share` lines from the block's first; the last blocks' runs end at the
+            # tile's last line (they repeat lines, past the tile they would read nothing)
+            first = self.f.mul_i64(block, share)
+            if isinstance(first, int):
+                first = min(first, lines - share)
             else:
-                in_a = f.assign(f"icmp ult i64 {line}, {lines_a}", "c")
-                pointer_a = self.line_pointer("%PA", line, lines_a)
-                # below line 0 of B, unsigned: past its last line
-                in_b = f.assign(f"sub i64 {line}, {lines_a}", "i")
-                pointer_b = self.line_pointer("%PB", in_b, lines_b)
-                pointer = f.assign(f"select i1 {in_a}, ptr {pointer_a}, ptr {pointer_b}", "p")
-            f.emit(f"call void @llvm.prefetch.p0(ptr {pointer}, i32 0, i32 2, i32 1)")
+                self.module.declare("umin", "declare i64 @llvm.umin.i64(i64, i64)")
+                first = self.f.assign(
+                    f"call i64 @llvm.umin.i64(i64 {first}, i64 {lines - share})", "i"
+                )
+            run = self.f.gep("i8", base, self.f.mul_i64(first, LINE_BYTES))
+            for j in range(share):
+                pointer = self.f.gep("i8", run, j * LINE_BYTES)
+                self.f.emit(f"call void @llvm.prefetch.p0(ptr {pointer}, i32 0, i32 2, i32 1)")
         self.module.declare("prefetch", "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
-
-    def line_pointer(self, base: str, line: str | int, lines: int) -> str:
-        """The address of line ``line`` of the ``lines`` from ``base``, or of the last one for
-        ``line`` past it (compared unsigned)."""
-        f = self.f
-        if isinstance(line, int):
-            clamped: str | int = min(line, lines - 1)
-        else:
-            self.module.declare("umin", "declare i64 @llvm.umin.i64(i64, i64)")
-            clamped = f.assign(f"call i64 @llvm.umin.i64(i64 {line}, i64 {lines - 1})", "i")
-        return f.gep("i8", base, f.mul_i64(clamped, LINE_BYTES))
 
     def allocate_buffer(self) -> str:
         """The packing buffer, allocated on first use."""
