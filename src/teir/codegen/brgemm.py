@@ -188,10 +188,18 @@ def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
     # steps apart as a register block sees them, is streamed a few K steps at a time: one
     # batch element per sweep, in pieces of K_PIECE steps where K is longer, so that every
     # row block reads only a few runs along the rows (x @ A, A row-major 4096² FP64: K 8 per
-    # element, whole batch 5.2 -> 3.4 ms; K 1009 unsplit, one thread: 462 -> 246 us).
+    # element, whole batch 5.2 -> 3.4 ms; K 1009 unsplit, one thread: 462 -> 246 us). Only
+    # for up to K_PIECE columns: each piece loads and stores every vector of C again, which
+    # a wider C pays for more than the runs save (N 12-13, `cda,bcd->ba` 213 x N x 37·40
+    # FP64, 2 threads: 27-41 GFLOP/s in pieces, 38-78 without; N 2 and 4 gain 11-23 %).
     k_piece = 0
-    if (form == "outer" and not spec.trans_a and spec.n <= n_step and spec.lda > m_step) or (
-        form == "mirror" and spec.trans_b and spec.m <= m_step and spec.ldb > n_step
+    if (
+        form == "outer"
+        and not spec.trans_a
+        and spec.n <= min(n_step, K_PIECE)
+        and spec.lda > m_step
+    ) or (
+        form == "mirror" and spec.trans_b and spec.m <= min(m_step, K_PIECE) and spec.ldb > n_step
     ):
         chunk = 1
         if spec.k > 2 * K_PIECE:
