@@ -107,10 +107,13 @@ def nest_stack_bytes(nest: LoopNest, target: Target) -> int:
     return total
 
 
-def _prefetch(nest: LoopNest, op: TileOp) -> Prefetch | None:
-    """Which of the kernel's inputs to prefetch for the next iteration of the innermost loop:
-    those that move with it, for a BRGEMM called straight on the tensors (no tile loops, no
-    packed panel)."""
+def prefetch_for(nest: LoopNest, role: str) -> Prefetch | None:
+    """Which of the kernel's inputs the op in ``role`` prefetches for the next iteration of
+    the innermost loop: those that move with it, for a main BRGEMM called straight on the
+    tensors (no tile loops, no packed panel)."""
+    op: TileOp | None = getattr(nest, role)
+    if role not in ("main", "main_zero") or op is None:
+        return None
     if not isinstance(op.spec, BrgemmSpec) or op.loops or nest.panel is not None:
         return None
     if not nest.loops:
@@ -128,7 +131,7 @@ def nest_function(nest: LoopNest, target: Target, module: Module, name: str) -> 
         op: TileOp | None = getattr(nest, role)
         if op is not None:
             ops[role] = f"{name}.{role}"
-            prefetch = _prefetch(nest, op) if role in ("main", "main_zero") else None
+            prefetch = prefetch_for(nest, role)
             if prefetch is not None:
                 prefetching.add(role)
             _tile_op_function(op, target, module, ops[role], prefetch)

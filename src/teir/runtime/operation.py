@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from teir.codegen.brgemm import choose_blocking
+from teir.codegen.brgemm import choose_blocking, prefetch_lines
 from teir.codegen.irtext import Module
-from teir.codegen.nest import nest_function, nest_stack_bytes
+from teir.codegen.nest import nest_function, nest_stack_bytes, prefetch_for
 from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target
 from teir.errors import ExecutionError, TeirError
@@ -176,7 +176,7 @@ class Operation:
             if role == "main" and always_first and self.nest.main_zero is not None:
                 continue  # never called: every iteration is a first access
             if op is not None:
-                lines.append(f"#   {role}: {self._describe(op)}")
+                lines.append(f"#   {role}: {self._describe(op, role)}")
         size = self.nest.parallel_size
         if len(self.slices) > 1:
             parts = ", ".join(f"[{lo}, {hi})" for lo, hi in self.slices)
@@ -196,7 +196,7 @@ class Operation:
         lines.append(f"#   code: {self.origin}")
         return "\n".join(lines)
 
-    def _describe(self, op: TileOp) -> str:
+    def _describe(self, op: TileOp, role: str) -> str:
         text = op.describe()
         if isinstance(op.spec, BrgemmSpec):
             b = choose_blocking(op.spec, self.target)
@@ -211,6 +211,16 @@ class Operation:
                 text += (
                     f"; A packed {what} into a {b.stack_bytes(op.spec) // 1024} KiB stack buffer"
                 )
+            prefetch = prefetch_for(self.nest, role)
+            lines = prefetch_lines(op.spec, prefetch) if prefetch is not None else (0, 0)
+            if any(lines):
+                tiles = " and ".join(n for n, count in zip(("A", "B"), lines) if count)
+                text += (
+                    f"; prefetches the next iteration's {tiles} ({sum(lines) * 64 // 1024} KiB) "
+                    "into L2 while it computes"
+                )
+            if op.spec.stream_c:
+                text += "; stores C around the caches where it is vector-aligned or shifted"
         return text
 
     def __repr__(self) -> str:
