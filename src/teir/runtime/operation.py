@@ -215,10 +215,9 @@ class Operation:
             lines = prefetch_lines(op.spec, prefetch) if prefetch is not None else (0, 0)
             if any(lines):
                 tiles = " and ".join(n for n, count in zip(("A", "B"), lines) if count)
-                text += (
-                    f"; prefetches the next iteration's {tiles} ({sum(lines) * 64 // 1024} KiB) "
-                    "into L2 while it computes"
-                )
+                size = sum(lines) * 64
+                amount = f"{size // 1024} KiB" if size >= 1024 else f"{size} bytes"
+                text += f"; prefetches the next iteration's {tiles} ({amount}) into L2"
             if op.spec.stream_c:
                 text += "; stores C around the caches where it is vector-aligned or shifted"
         return text
