@@ -33,7 +33,7 @@ from teir.frontend.einsum_plan import (
     runs_kernels,
     vector_fill,
 )
-from teir.ir import ExecType, Tensor
+from teir.ir import DimType, ExecType, Tensor
 from teir.runtime.scratch import scratch
 
 # Label orders (in0, in1, result) of the copies; None: that tensor is used as it lies.
@@ -57,12 +57,16 @@ ROW_GAP_LIMIT_BYTES = 64 << 10
 LARGE_COPY_BYTES = 16 << 20
 LARGE_COPY_FLOPS_PER_BYTE = 32
 # Kernel tiles of this many elements (M x N x K) are large enough, whatever copying all
-# three tensors would give (the course's 32³ GEMMs run at 93-97 % of peak): aecb,eda->acbd
-# FP64 with in1 copied has tiles of 184 x 129 x 44 where copying all gives 920 x 129 x 44,
-# and runs in 11 ms to their 24; abe,dec->dacb with both inputs F-ordered (45x50x31x51x46),
-# both copied, has tiles of 50 x 31 x 46 and writes the result in place: FP32 3.0 -> 2.4 ms,
-# FP64 5.6-7.1 -> 4.4-4.7 ms against copying the 14 MB result (64³ had rejected them).
-LARGE_KERNEL_VOLUME = 32**3
+# three tensors would give: aecb,eda->acbd FP64 with in1 copied has tiles of 184 x 129 x 44
+# where copying all gives 920 x 129 x 44, and runs in 11 ms to their 24.
+LARGE_KERNEL_VOLUME = 64**3
+# So are tiles of at least LARGE_TILE x LARGE_TILE elements of C summed over at least
+# LARGE_TILE steps of K (the course's 32³ GEMMs run at 93-97 % of peak): abe,dec->dacb with
+# both inputs F-ordered (45x50x31x51x46), both copied, has tiles of 50 x 31 x 46 and writes
+# the result in place: FP32 3.0 -> 2.4 ms, FP64 5.6-7.1 -> 4.4-4.7 ms against copying the
+# 14 MB result. A long K does not make up for a small C (gafcb,agfed->beadc FP64 with 12 x 6
+# x 608 tiles, of 43 K elements: 2.1 -> 2.6-3.4 ms).
+LARGE_TILE = 32
 
 
 def _own_labels(plan: Plan, inputs: list[Operand]) -> list[str]:
@@ -89,6 +93,16 @@ def operand_view(prepared: Operand, sizes: dict[str, int]) -> np.ndarray:
         strides=[prepared.strides[x] * prepared.array.itemsize for x in prepared.labels],
     )
     return np.broadcast_to(view, [sizes[x] for x in prepared.labels])
+
+
+def large_tile(plan: Plan) -> bool:
+    """Whether the plan's kernel tiles reach LARGE_TILE in C's elements (squared) and in K."""
+    assert plan.config is not None
+    schedule = plan.config.schedule
+    prims = [a for a, e in enumerate(schedule.exec_types) if e is ExecType.PRIM]
+    c_tile = prod(schedule.dim_sizes[a] for a in prims if schedule.dim_types[a] is not DimType.K)
+    depth = prod(schedule.dim_sizes[a] for a in prims if schedule.dim_types[a] is DimType.K)
+    return c_tile >= LARGE_TILE**2 and depth >= LARGE_TILE
 
 
 def kernel_volume(plan: Plan) -> int:
@@ -181,9 +195,8 @@ def choose(
             if product is None or not fits(product, uncopied):
                 continue
             volume = min(kernel_volume(everything), LARGE_KERNEL_VOLUME)
-            if 2 * kernel_volume(product) >= volume and 2 * vector_fill(product) >= vector_fill(
-                everything
-            ):
+            big = 2 * kernel_volume(product) >= volume or large_tile(product)
+            if big and 2 * vector_fill(product) >= vector_fill(everything):
                 return orders, product
     return full, everything
 
