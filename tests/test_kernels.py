@@ -463,6 +463,26 @@ def test_unary_overlap_without_in_place_is_refused():
         copy(x, x)
 
 
+def _streamed_c(
+    dtype: str, m: int, n: int, k: int, batch: int, trans_a: bool, lda: int, ldc: int
+) -> BrgemmSpec:
+    """A beta-0 kernel spec with ``stream_c``, its batch elements one after the other."""
+    stride_a = lda * (m if trans_a else k)
+    return BrgemmSpec(
+        dtype, m, n, k, batch, trans_a, False, lda, k, ldc, stride_a, k * n, beta=0, stream_c=True
+    )
+
+
+def _run_at_every_shift(specs: list[BrgemmSpec], lanes: int) -> None:
+    """Run each spec's kernel with C at the start of a line and 1, a quarter, half, three
+    quarters and all but one lane past it, checking the result and what lies around it."""
+    shifts = (0, 1, lanes // 4, lanes // 2, 3 * lanes // 4, lanes - 1)
+    cases = [(spec, shift) for spec in specs for shift in shifts]
+    functions = compile_many([spec for spec, _ in cases], HOST)
+    for seed, ((spec, shift), function) in enumerate(zip(cases, functions)):
+        run_brgemm(spec, function, seed, shift)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_streamed_c_at_every_alignment(dtype):
     """``stream_c`` kernels store C's full vectors non-temporally where C is vector-aligned
@@ -470,7 +490,7 @@ def test_streamed_c_at_every_alignment(dtype):
     edge lanes masked, and other offsets store normally. All give the same result and touch
     nothing else."""
     lanes = HOST.lanes(4 if dtype == "f32" else 8)
-    specs, shifts = [], []
+    specs: list[BrgemmSpec] = []
     for m, n, k, batch, ldc in (
         (4 * lanes, 9, 7, 3, 4 * lanes),
         (2 * lanes + 3, 5, 4, 1, 3 * lanes),
@@ -479,29 +499,8 @@ def test_streamed_c_at_every_alignment(dtype):
         (4 * lanes + 5, 4, 6, 1, 5 * lanes),
     ):
         for trans_a in (False, True):
-            lda = k if trans_a else m
-            spec = BrgemmSpec(
-                dtype,
-                m,
-                n,
-                k,
-                batch,
-                trans_a,
-                False,
-                lda,
-                k,
-                ldc,
-                lda * (m if trans_a else k),
-                k * n,
-                beta=0,
-                stream_c=True,
-            )
-            for shift in (0, 1, lanes // 4, lanes // 2, 3 * lanes // 4, lanes - 1):
-                specs.append(spec)
-                shifts.append(shift)
-    functions = compile_many(specs, HOST)
-    for seed, (spec, function, shift) in enumerate(zip(specs, functions, shifts)):
-        run_brgemm(spec, function, seed, shift)
+            specs.append(_streamed_c(dtype, m, n, k, batch, trans_a, k if trans_a else m, ldc))
+    _run_at_every_shift(specs, lanes)
 
 
 @pytest.mark.parametrize("in_nest", [False, True])
@@ -690,7 +689,7 @@ def test_streamed_c_from_packed_a_at_every_alignment(dtype, trans_a):
     attention scores into `np.zeros`: C went through the caches)."""
     lanes = HOST.lanes(4 if dtype == "f32" else 8)
     itemsize = 4 if dtype == "f32" else 8
-    specs, shifts = [], []
+    specs: list[BrgemmSpec] = []
     # untransposed A packed by row blocks only when the whole tile would not fit the buffer
     cases = (
         ((4 * lanes, 17, 2 * lanes + 3, 1), (6 * lanes + 5, 33, lanes, 2))
@@ -700,30 +699,11 @@ def test_streamed_c_from_packed_a_at_every_alignment(dtype, trans_a):
     for m, n, k, batch in cases:
         lda = k if trans_a else 4096 // itemsize + m
         ldc = -(-m // lanes) * lanes + lanes  # columns on vector boundaries
-        spec = BrgemmSpec(
-            dtype,
-            m,
-            n,
-            k,
-            batch,
-            trans_a,
-            False,
-            lda,
-            k,
-            ldc,
-            lda * (m if trans_a else k),
-            k * n,
-            beta=0,
-            stream_c=True,
-        )
+        spec = _streamed_c(dtype, m, n, k, batch, trans_a, lda, ldc)
         blocking = choose_blocking(spec, HOST)
         assert blocking.pack_a and not blocking.pack_whole, spec
         # C 16 bytes or more past a boundary gets a shifted sweep of its own
         emitter = _Emitter(spec, blocking, Module(), "kernel", "", "")
         assert emitter.c_shifts() == list(range(16 // itemsize, lanes, 16 // itemsize))
-        for shift in (0, 1, lanes // 4, lanes // 2, 3 * lanes // 4, lanes - 1):
-            specs.append(spec)
-            shifts.append(shift)
-    functions = compile_many(specs, HOST)
-    for seed, (spec, function, shift) in enumerate(zip(specs, functions, shifts)):
-        run_brgemm(spec, function, seed, shift)
+        specs.append(spec)
+    _run_at_every_shift(specs, lanes)

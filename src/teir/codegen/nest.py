@@ -33,31 +33,16 @@ def _tile_op_function(
     next_in0, ptr next_in1)``: the kernel prefetches the next call's tiles."""
     kernel = f"{name}.kernel"
     spec = op.spec
+    linkage, inline = "internal", "alwaysinline"
     if isinstance(spec, BrgemmSpec):
-        brgemm_function(
-            spec,
-            target,
-            module,
-            kernel,
-            linkage="internal",
-            attributes="alwaysinline",
-            prefetch=prefetch,
-        )
+        brgemm_function(spec, target, module, kernel, linkage, attributes=inline, prefetch=prefetch)
     elif isinstance(spec, UnarySpec):
         # measured on the permutation suite: in a nest, half-width blocks and diagonal block
         # orders (tuned for data hot in cache) cost 10-25 % (ij->ji 2048²: 1.3 -> 1.6 ms)
-        unary_function(
-            spec,
-            target,
-            module,
-            kernel,
-            linkage="internal",
-            attributes="alwaysinline",
-            streamed=True,
-        )
+        unary_function(spec, target, module, kernel, linkage, attributes=inline, streamed=True)
     else:
         assert isinstance(spec, GenericSpec)
-        generic_function(spec, module, kernel, linkage="internal", attributes="alwaysinline")
+        generic_function(spec, module, kernel, linkage, attributes=inline)
     t = scalar_type(spec.itemsize)
     following = ", ptr %next_in0, ptr %next_in1" if prefetch is not None else ""
     f = FunctionBuilder(
