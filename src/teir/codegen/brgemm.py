@@ -452,19 +452,23 @@ class _Emitter:
             row_step, col_step = blk.vectors * blk.lanes, blk.columns
         row_parts = _parts(rows_total, row_step)
         col_parts = _parts(cols_total, col_step)
-        row_blocks, col_blocks = -(-rows_total // row_step), -(-cols_total // col_step)
+        col_blocks = -(-cols_total // col_step)
         # the sweep runs once per call: its blocks share the next call's prefetches
-        prefetching = self.prefetch is not None and batch == spec.batch and not blk.k_piece
+        lines = (0, 0)
+        if self.prefetch is not None and batch == spec.batch and not blk.k_piece:
+            lines = prefetch_lines(spec, self.prefetch)
+        prefetching = any(lines)
 
-        def prefetch(row: str | int, col: str | int, rows_inside: bool, rows: int) -> None:
-            """Before the register block in row block ``row`` and column block ``col`` (of
-            ``rows`` x ``col_blocks``), blocks counted in sweep order."""
+        def prefetch(row: str | int, c0: str | int, rows_inside: bool, rows: int) -> None:
+            """Before the register block in row block ``row`` (its ordinal) at column ``c0``,
+            of ``rows`` x ``col_blocks`` blocks counted in sweep order."""
             if prefetching:
+                col = self.f.udiv_i64(c0, col_step)
                 if rows_inside:
                     block = self.f.add_i64(self.f.mul_i64(col, rows), row)
                 else:
                     block = self.f.add_i64(self.f.mul_i64(row, col_blocks), col)
-                self.prefetch_next(block, rows * col_blocks)
+                self.prefetch_next(block, rows * col_blocks, lines)
 
         def over(parts: list[tuple[int, int, int]], step: int, body, hint: str) -> None:  # type: ignore[no-untyped-def]
             for count, size, start in parts:
@@ -477,50 +481,43 @@ class _Emitter:
 
                 self.f.loop(count, [], loop_body, hint)
 
-        def column(c0: str | int) -> str | int:  # the column block's ordinal
-            return self.f.udiv_i64(c0, col_step)
-
-        def over_rows(shift: int, body) -> None:  # type: ignore[no-untyped-def]
-            """Call ``body(r0, rows, head, row)`` for each row block (``row`` its ordinal):
-            from row 0 or, C starting ``shift`` elements past a vector boundary, from
-            -shift, so that every vector of C is aligned and goes around the caches (the
-            first block's ``head`` lanes before the tile and the last one's past it masked
-            off)."""
+        def row_layout(shift: int) -> tuple[int, list[tuple[int, int, int]]]:
+            """The row blocks from row 0 or, C starting ``shift`` elements past a vector
+            boundary, from -shift: the rows of a first block holding the ``shift`` rows
+            before the tile (0: none), and the blocks after it."""
             if not shift:
-                over(
-                    row_parts,
-                    row_step,
-                    lambda r0, rows: body(r0, rows, 0, self.f.udiv_i64(r0, row_step)),
-                    "row",
-                )
-                return
+                return 0, row_parts
             first_rows = min(row_step, rows_total + shift)
-            body(-shift, first_rows, shift, 0)
-            over(
-                _parts(rows_total + shift - first_rows, row_step),
-                row_step,
-                lambda r0, rows: body(
-                    self.f.add_i64(r0, first_rows - shift),
-                    rows,
-                    0,
-                    self.f.add_i64(self.f.udiv_i64(r0, row_step), 1),
-                ),
-                "row",
-            )
+            return first_rows, _parts(rows_total + shift - first_rows, row_step)
 
         def row_count(shift: int) -> int:
-            """The row blocks of :func:`over_rows`."""
-            if not shift:
-                return row_blocks
-            return 1 + -(-(rows_total + shift - min(row_step, rows_total + shift)) // row_step)
+            first_rows, parts = row_layout(shift)
+            return (1 if first_rows else 0) + sum(count for count, _, _ in parts)
+
+        def over_rows(shift: int, body) -> None:  # type: ignore[no-untyped-def]
+            """Call ``body(r0, rows, head, row)`` for each row block of :func:`row_layout`
+            (``row`` its ordinal, while prefetching): shifted, every vector of C is aligned
+            and goes around the caches, the first block's ``head`` lanes before the tile
+            and the last one's past it masked off."""
+            first_rows, parts = row_layout(shift)
+            if first_rows:
+                body(-shift, first_rows, shift, 0)
+
+            def block(r0: str | int, rows: int) -> None:
+                row = self.f.udiv_i64(r0, row_step) if prefetching else 0
+                if first_rows:
+                    r0, row = self.f.add_i64(r0, first_rows - shift), self.f.add_i64(row, 1)
+                body(r0, rows, 0, row)
+
+            over(parts, row_step, block, "row")
 
         if blk.pack_whole:
             whole = self.pack_rows(a, rows_total, batch)
 
             def packed_col_block(c0: str | int, cols: int) -> None:
                 def packed_block(r0: str | int, rows: int) -> None:
-                    row = self.f.udiv_i64(r0, row_step)
-                    prefetch(row, column(c0), rows_inside=True, rows=row_blocks)
+                    row = self.f.udiv_i64(r0, row_step) if prefetching else 0
+                    prefetch(row, c0, rows_inside=True, rows=row_count(0))
                     buffer = self.f.gep(self.t, whole, self.f.mul_i64(r0, batch * spec.k))
                     self.outer_block(buffer, b, r0, c0, rows, cols, batch, overwrite, packed=True)
 
@@ -535,7 +532,7 @@ class _Emitter:
                 buffer = self.pack(a, r0, rows, batch, head)
 
                 def packed_block(c0: str | int, cols: int) -> None:
-                    prefetch(row, column(c0), rows_inside=False, rows=row_count(shift))
+                    prefetch(row, c0, rows_inside=False, rows=row_count(shift))
                     self.outer_block(
                         buffer,
                         b,
@@ -557,7 +554,7 @@ class _Emitter:
         def plain_sweep(shift: int) -> None:
             def col_block(c0: str | int, cols: int) -> None:
                 def row_block(r0: str | int, rows: int, head: int, row: str | int) -> None:
-                    prefetch(row, column(c0), rows_inside=True, rows=row_count(shift))
+                    prefetch(row, c0, rows_inside=True, rows=row_count(shift))
                     if shift:
                         self.outer_block(
                             a, b, r0, c0, rows, cols, batch, True, head=head, aligned=True
@@ -587,11 +584,11 @@ class _Emitter:
 
         choose(shifts)
 
-    def prefetch_next(self, block: str | int, blocks: int) -> None:
+    def prefetch_next(self, block: str | int, blocks: int, lines_ab: tuple[int, int]) -> None:
         """Prefetch register block ``block``'s share (of ``blocks``) of the next call's A and B
-        lines into L2: spread over the blocks, the prefetches overlap the sweep's arithmetic."""
-        assert self.prefetch is not None
-        for base, lines in zip(("%PA", "%PB"), prefetch_lines(self.spec, self.prefetch)):
+        lines (``prefetch_lines``) into L2: spread over the blocks, the prefetches overlap the
+        sweep's arithmetic."""
+        for base, lines in zip(("%PA", "%PB"), lines_ab):
             if not lines:
                 continue
             share = min(-(-lines // blocks), PREFETCH_BURST)

@@ -33,7 +33,7 @@ from teir.frontend.einsum_plan import (
     runs_kernels,
     vector_fill,
 )
-from teir.ir import DimType, ExecType, Tensor
+from teir.ir import DimType, Tensor
 from teir.runtime.scratch import scratch
 
 # Label orders (in0, in1, result) of the copies; None: that tensor is used as it lies.
@@ -99,9 +99,9 @@ def large_tile(plan: Plan) -> bool:
     """Whether the plan's kernel tiles reach LARGE_TILE in C's elements (squared) and in K."""
     assert plan.config is not None
     schedule = plan.config.schedule
-    prims = [a for a, e in enumerate(schedule.exec_types) if e is ExecType.PRIM]
-    c_tile = prod(schedule.dim_sizes[a] for a in prims if schedule.dim_types[a] is not DimType.K)
-    depth = prod(schedule.dim_sizes[a] for a in prims if schedule.dim_types[a] is DimType.K)
+    sizes = [(schedule.dim_sizes[a], schedule.dim_types[a]) for a in schedule.prim_axes]
+    c_tile = prod(size for size, dim_type in sizes if dim_type is not DimType.K)
+    depth = prod(size for size, dim_type in sizes if dim_type is DimType.K)
     return c_tile >= LARGE_TILE**2 and depth >= LARGE_TILE
 
 
@@ -109,9 +109,7 @@ def kernel_volume(plan: Plan) -> int:
     """Elements one kernel call spans (the product of the prim axes' sizes)."""
     assert plan.config is not None
     schedule = plan.config.schedule
-    return prod(
-        size for size, e in zip(schedule.dim_sizes, schedule.exec_types) if e is ExecType.PRIM
-    )
+    return prod(schedule.dim_sizes[a] for a in schedule.prim_axes)
 
 
 def fits(plan: Plan, uncopied: tuple[Tensor, ...] = ()) -> bool:
@@ -121,11 +119,10 @@ def fits(plan: Plan, uncopied: tuple[Tensor, ...] = ()) -> bool:
         return False
     assert plan.config is not None
     schedule, itemsize = plan.config.schedule, plan.dtype.itemsize
-    prims = [a for a, e in enumerate(schedule.exec_types) if e is ExecType.PRIM]
     return all(
         abs(schedule.strides(tensor)[a]) * itemsize <= ROW_GAP_LIMIT_BYTES
         for tensor in uncopied
-        for a in prims
+        for a in schedule.prim_axes
         if schedule.dim_sizes[a] > 1
     )
 
