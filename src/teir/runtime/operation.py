@@ -209,7 +209,12 @@ class Operation:
             if b.pack_a:
                 what = "the whole tile at once" if b.pack_whole else "row block by row block"
                 text += (
-                    f"; A packed {what} into a {b.stack_bytes(op.spec) // 1024} KiB stack buffer"
+                    f"; A packed {what} into a {b.a_buffer_bytes(op.spec) // 1024} KiB stack buffer"
+                )
+            if b.pack_b:
+                text += (
+                    f"; B packed column block by column block into a "
+                    f"{b.b_buffer_bytes(op.spec) // 1024} KiB stack buffer"
                 )
             prefetch = prefetch_for(self.nest, role)
             lines = prefetch_lines(op.spec, prefetch) if prefetch is not None else (0, 0)
