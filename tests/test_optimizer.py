@@ -564,3 +564,36 @@ def test_shared_loops_balance_the_threads(sizes, threads, shared):
     result, _ = parallelize(Problem(primitives, (*loops, prim)), threads)
     marks = [a.exec_type is ExecType.SHARED for a in result.axes]
     assert marks == [i < shared for i in range(len(sizes))] + [False]
+
+
+@pytest.mark.parametrize(
+    ("row", "column", "others", "wanted", "blocks"),
+    [
+        # a GEMM of 200 (M) x 300 (N, the rows) for 4 tiles: 2 x 2 reads each operand twice,
+        # 4 M tiles would read the N operand four times
+        ((300, 300, 8), (200, 200, 8), 1, 4, (150, 100)),
+        # enough tiles already: unchanged
+        ((256, 128, 8), (256, 64, 8), 1, 4, (128, 64)),
+        # other loops' tiles count: 3 of them need only 2 more
+        ((64, 64, 8), (96, 96, 8), 3, 4, (64, 48)),
+        # no divisor down to the floors reaches the count: the most tiles there are
+        ((16, 16, 16), (13, 13, 8), 1, 4, (16, 13)),
+    ],
+)
+def test_tiles_for_the_threads_read_the_least(row, column, others, wanted, blocks):
+    from teir.optimizer.primitive import _shared_blocks
+
+    assert _shared_blocks(row, column, others, wanted) == blocks
+
+
+def test_a_gemm_with_one_output_tile_is_cut_both_ways_for_two_threads():
+    # M 200 x N 300 x K 3000 on 2 threads: tiles of M 100 x N 150, not four M tiles of 50
+    text = teir.contract_expression(
+        "abc,bcd->ad", (200, 50, 60), (50, 60, 300), dtype="float64", threads=2
+    ).explain()
+    assert "M 100 (of 200), N 150 (of 300)" in text
+    rng = np.random.default_rng(5)
+    a, b = rng.uniform(-1, 1, (200, 50, 60)), rng.uniform(-1, 1, (50, 60, 300))
+    np.testing.assert_allclose(
+        teir.einsum("abc,bcd->ad", a, b, threads=2), np.einsum("abc,bcd->ad", a, b), rtol=1e-10
+    )
