@@ -775,3 +775,20 @@ def kernels_l1() -> int:
     from teir.codegen.target import cache_sizes
 
     return cache_sizes()["L1"]
+
+
+def test_a_is_packed_nearer_on_cores_with_two_fma_pipes():
+    """A's columns 2-4 KiB apart: a core with two full-width FMA pipes packs A (its sweep
+    would stream A's row blocks from L2 at twice Zen 4's pace); Zen 4 reads them in place."""
+    features = "+avx512f,+avx512dq,+fma,+avx2,+avx"
+    zen4 = Target("x86_64-unknown-linux-gnu", "znver4", features)
+    xeon = Target("x86_64-unknown-linux-gnu", "sapphirerapids", features)
+    spec = BrgemmSpec(
+        "f32", 125, 200, 100, 10, lda=750, ldb=1000, ldc=1000, stride_a=75000, stride_b=100
+    )
+    assert choose_blocking(spec, xeon).pack_a
+    assert not choose_blocking(spec, zen4).pack_a
+    far = replace(spec, lda=1024, stride_a=102400)
+    assert choose_blocking(far, xeon).pack_a and choose_blocking(far, zen4).pack_a
+    near = replace(spec, lda=500, stride_a=50000)
+    assert not choose_blocking(near, xeon).pack_a

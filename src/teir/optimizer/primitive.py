@@ -9,7 +9,7 @@ from dataclasses import replace
 from itertools import product
 from math import prod
 
-from teir.codegen.brgemm import PACK_LEADING_BYTES, choose_blocking
+from teir.codegen.brgemm import choose_blocking, pack_leading_bytes
 from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target, cache_sizes
 from teir.ir import DimType, ExecType, PrimFirst, Primitives, PrimLast, PrimMain, Tensor
@@ -142,7 +142,7 @@ def _panel_rows(row: Axis, block: int, k: Axis, k_total: int, itemsize: int, lan
     fits a packed panel (:mod:`teir.lower.panels`) where the kernel would pack it: its columns
     pages apart, or stored transposed. 1600^3 FP64: rows 80 -> 40, 85 -> 92 % of peak."""
     a_tensor = Tensor.IN0 if row.dim_type is DimType.M else Tensor.IN1
-    far = abs(k.stride(a_tensor)) * itemsize >= PACK_LEADING_BYTES
+    far = abs(k.stride(a_tensor)) * itemsize >= pack_leading_bytes(Target.host())
     if not (far or row.stride(a_tensor) != 1):
         return block
     limit = panel_limit_bytes() // (k_total * itemsize)
