@@ -129,7 +129,7 @@ class Blocking:
     # Copy each column block's B (for the chunk) into a contiguous buffer first, one run of
     # ``b_row`` values per K step: for a B stored transposed whose K steps lie so far apart
     # that the lines one column block reads crowd an L1 set, while every row block rereads
-    # them (see ``PACK_B_LEAST_CROWDING``).
+    # them (see ``choose_blocking``).
     pack_b: bool = False
 
     @property
@@ -267,11 +267,13 @@ def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
         and spec.ldb * spec.itemsize >= PACK_LEADING_BYTES
         and set_crowding(spec.ldb * spec.itemsize, spec.k) > L1_WAYS
     )
+    blocking = Blocking(form, lanes, vectors, columns, chunk, pack_a, pack_whole, k_piece, pack_b)
     if pack_b:
-        per_element = spec.k * -(-columns // lanes) * lanes * spec.itemsize
+        per_element = blocking.b_buffer_bytes(spec) // chunk
         limit = max(1, cache_sizes()["L1"] // PACK_B_L1_PART // per_element)
         chunk = max(d for d in range(1, min(chunk, limit) + 1) if spec.batch % d == 0)
-    return Blocking(form, lanes, vectors, columns, chunk, pack_a, pack_whole, k_piece, pack_b)
+        blocking = replace(blocking, chunk=chunk)
+    return blocking
 
 
 def _outer_block(
