@@ -157,6 +157,11 @@ def pack_leading_bytes(target: Target) -> int:
     return PACK_LEADING_BYTES if target.half_width_is_free else PACK_LEADING_BYTES_TWO_PIPES
 
 
+def _chunk_within(batch: int, chunk: int, limit: int) -> int:
+    """The largest divisor of ``batch`` (one loop covers it) at most ``chunk`` and ``limit``."""
+    return max(d for d in range(1, max(1, min(chunk, limit)) + 1) if batch % d == 0)
+
+
 def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
     """The register block for ``spec`` on ``target``."""
     full_lanes = target.lanes(spec.itemsize)
@@ -211,7 +216,7 @@ def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
     b_reused = spec.m > m_step
     per_batch = spec.itemsize * (spec.m * spec.k * a_reused + spec.k * spec.n * b_reused)
     limit = max(1, cache_sizes()["L2"] // 2 // max(per_batch, 1))
-    chunk = max(d for d in range(1, min(spec.batch, limit) + 1) if spec.batch % d == 0)
+    chunk = _chunk_within(spec.batch, spec.batch, limit)
     # A vector operand that one column block reads whole (a matrix-vector product), its K
     # steps apart as a register block sees them, is streamed a few K steps at a time: one
     # batch element per sweep, in pieces of K_PIECE steps where K is longer, so that every
@@ -248,11 +253,7 @@ def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
         ):
             packed, pack_whole = whole, True
         if far_apart and packed <= PACK_BUFFER_BYTES:
-            chunk = max(
-                d
-                for d in range(1, chunk + 1)
-                if spec.batch % d == 0 and d * packed <= PACK_BUFFER_BYTES
-            )
+            chunk = _chunk_within(spec.batch, chunk, PACK_BUFFER_BYTES // packed)
             pack_a = True
     # B stored transposed with its K steps pages apart: one column block reads one line per
     # K step, those lines crowd an L1 set (and the TLB), and every row block fetches them
@@ -271,8 +272,7 @@ def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
     if pack_b:
         per_element = blocking.b_buffer_bytes(spec) // chunk
         limit = max(1, cache_sizes()["L1"] // PACK_B_L1_PART // per_element)
-        chunk = max(d for d in range(1, min(chunk, limit) + 1) if spec.batch % d == 0)
-        blocking = replace(blocking, chunk=chunk)
+        blocking = replace(blocking, chunk=_chunk_within(spec.batch, chunk, limit))
     return blocking
 
 
@@ -606,7 +606,7 @@ class _Emitter:
 
                 def row_block(r0: str | int, rows: int, head: int, row: str | int) -> None:
                     prefetch(row, c0, rows_inside=True, rows=row_count(shift))
-                    if shift:
+                    if shift or blk.pack_b:
                         self.outer_block(
                             a,
                             columns,
@@ -615,14 +615,10 @@ class _Emitter:
                             rows,
                             cols,
                             batch,
-                            True,
+                            True if shift else overwrite,
                             head=head,
-                            aligned=True,
+                            aligned=bool(shift),
                             packed_b=blk.pack_b,
-                        )
-                    elif blk.pack_b:
-                        self.outer_block(
-                            a, columns, r0, c0, rows, cols, batch, overwrite, packed_b=True
                         )
                     else:
                         self.block(a, b, r0, c0, rows, cols, batch, overwrite)
@@ -705,18 +701,12 @@ class _Emitter:
         def element(index: str, _: list[str]) -> list[str]:
             source = f.gep(self.t, b, f.mul_i64(index, spec.stride_b))
             target = f.gep(self.t, buffer, f.mul_i64(index, spec.k * row))
-            full, rest = divmod(spec.k, K_UNROLL)
-            if full:
 
-                def step(group: str, _: list[str]) -> list[str]:
-                    for u in range(K_UNROLL):
-                        copy_step(source, target, f.add_i64(f.mul_i64(group, K_UNROLL), u))
-                    return []
+            def step(values: list[str], k: str | int) -> list[str]:
+                copy_step(source, target, k)
+                return values
 
-                f.loop(full, [], step, "qk")
-            for r in range(rest):
-                copy_step(source, target, full * K_UNROLL + r)
-            return []
+            return self.k_loop([], [], step)
 
         f.loop(batch, [], element, "qb")
         return buffer

@@ -193,8 +193,7 @@ def _shared_blocks(
     def traffic(blocks: tuple[int, int]) -> int:
         return (column[0] // blocks[1]) * row[0] + (row[0] // blocks[0]) * column[0]
 
-    if tiles((row[1], column[1])) >= wanted:
-        return row[1], column[1]
+    # the blocks as chosen read the least of all pairs: kept whenever they give enough tiles
     pairs = [(r, c) for r in options(*row) for c in options(*column)]
     enough = [p for p in pairs if tiles(p) >= wanted]
     if not enough:
