@@ -792,3 +792,64 @@ def test_a_is_packed_nearer_on_cores_with_two_fma_pipes():
     assert choose_blocking(far, xeon).pack_a and choose_blocking(far, zen4).pack_a
     near = replace(spec, lda=500, stride_a=50000)
     assert not choose_blocking(near, xeon).pack_a
+
+
+XEON = Target("x86_64-unknown-linux-gnu", "sapphirerapids", "+avx512f,+avx512dq,+fma,+avx2,+avx")
+ZEN4 = Target("x86_64-unknown-linux-gnu", "znver4", "+avx512f,+avx512dq,+fma,+avx2,+avx")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [40, 64, 96, 125, 150, 256])
+def test_two_pipe_cores_block_several_vectors(dtype, rows):
+    """A core with two full-width FMA pipes retires about as many loads as FMAs: a block of
+    one vector, one broadcast per FMA, is load-bound there (the 1000^3 GEMM's FP64 kernel:
+    1 x 12 at 66 % of peak, 3 x 8 at 91 %), so its blocks take several vectors and at least
+    as many FMAs per step as values loaded; Zen 4's model is left as it was."""
+    spec = BrgemmSpec(dtype, rows, 200, 100, 10, lda=rows, ldb=1000, ldc=1000, stride_a=rows * 100)
+    blocking = choose_blocking(spec, XEON)
+    assert blocking.vectors >= 2, blocking
+    assert blocking.vectors * blocking.columns >= blocking.vectors + blocking.columns
+    assert blocking.vectors * blocking.columns <= 24
+    if dtype == "f64" and rows == 40:
+        assert (choose_blocking(spec, ZEN4).vectors, choose_blocking(spec, ZEN4).columns) == (1, 12)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_wide_register_blocks(dtype):
+    """Blocks of up to 5 vectors and 24 accumulators, with row, column and K tails, batch
+    chunks and beta 0 or 1, in the outer and mirror forms."""
+    lanes = HOST.lanes(4 if dtype == "f32" else 8)
+    specs, blockings = [], []
+    for m, n, k, batch, beta, pad, trans in (
+        (5 * lanes, 13, 7, 3, 0, 2, False),
+        (5 * lanes - 3, 9, 5, 2, 1, 0, False),
+        (3 * lanes + 1, 25, 9, 4, 1, 3, False),
+        (2 * lanes, 30, 4, 1, 0, 1, False),
+        (19, 5 * lanes - 5, 6, 2, 1, 2, True),
+    ):
+        spec = brgemm_spec(dtype, m, n, k, batch, trans, trans, beta, pad)
+        form = "mirror" if trans else "outer"
+        for vectors, columns in ((5, 4), (4, 6), (3, 8), (2, 12)):
+            for chunk in sorted({1, batch}):
+                specs.append(spec)
+                blockings.append(Blocking(form, lanes, vectors, columns, chunk))
+    sweep(specs, blockings=blockings)
+
+
+def test_batch_chunks_spread_over_l2_sets():
+    """Batch elements a multiple of L2's set period apart (1-2 MiB) share its sets: a chunk
+    holds at most a quarter of a set's ways of them (FP32 `trus,pqtu->pqrs`'s kernel, A_i
+    1 MiB apart: 43 % of peak in chunks of 32, 85-86 % in 4-8)."""
+    from teir.codegen.target import l2_sets, l2_ways
+
+    period = l2_sets() * 64
+    allowed = max(1, l2_ways() // 4)
+    spec = BrgemmSpec(
+        "f32", 64, 144, 64, 32, lda=64, ldb=2048, ldc=4096, stride_a=period // 4, stride_b=64
+    )
+    assert choose_blocking(spec, HOST).chunk <= allowed
+    half = replace(spec, stride_a=period // 8)  # two elements apart share the sets
+    assert choose_blocking(half, HOST).chunk <= 2 * allowed
+    # elements that spread over the sets are chunked by size alone
+    spread = replace(spec, stride_a=64 * 64 + 16)
+    assert choose_blocking(spread, HOST).chunk > allowed

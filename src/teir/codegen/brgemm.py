@@ -16,6 +16,7 @@ the chunk's A_i and B_i stay in cache while all register blocks sweep over it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from teir.codegen.irtext import (
@@ -30,7 +31,7 @@ from teir.codegen.irtext import (
 )
 from teir.codegen.shuffles import transpose_vectors
 from teir.codegen.specs import BrgemmSpec
-from teir.codegen.target import Target, cache_sizes, probe_attribute
+from teir.codegen.target import Target, cache_sizes, l2_sets, l2_ways, probe_attribute
 from teir.codegen.transpose import L1_WAYS, LINE_BYTES, set_crowding
 
 K_UNROLL = 4
@@ -44,10 +45,14 @@ PACK_BUFFER_BYTES = 128 * 1024
 # 140 -> 161, FP64 ijk,jkl->il 48 -> 61, abc,bcd->ad 33 -> 36, ijk,kl->ijl 44 -> 41).
 PACK_LEADING_BYTES_TWO_PIPES = 2048
 PACK_MIN_COLUMNS = 16
+# The widest register block, in columns.
+MOST_COLUMNS = 16
 # Packing the whole tile at once writes out this many vectors per k step at most (unrolled).
 PACK_WHOLE_VECTORS = 48
 # B's packing buffer takes at most this part of L1.
 PACK_B_L1_PART = 8
+# A batch chunk's elements may take at most this part of an L2 set's ways (``_l2_spread``).
+L2_CHUNK_WAYS_PART = 4
 # Cycles per broadcast of one B element. Zen 4 retires at most one broadcast load per cycle,
 # though it runs two half-width FMAs.
 BROADCAST_CYCLES = 1.0
@@ -58,6 +63,17 @@ BROADCAST_CYCLES = 1.0
 # 81) 71-73 -> 95-97 GFLOP/s, `ki,jk->ji` M 36 67-90 -> 101, M 84 78-97 -> 88-107, FP32
 # M 116 131-133 -> 183-195, `abc,bcd->ad` FP64 97-103 -> 109-111; FP32 M 72 220 -> 201-204.
 HALF_WIDTH_FMA_CYCLES = 0.6
+# On cores with two full-width FMA pipes and two loads per cycle, a value loaded or broadcast
+# costs about one FMA issue slot: in-L1 FP64 kernels on a Xeon ran 1 x 8-16 blocks at 79-87 %
+# of peak, 2-5 vectors x 4-12 columns at 93-103 %; the 1000^3 GEMM's 40 x 200 x 100 kernel
+# 1 x 12 66 % -> 3 x 8 91 %. Up to 24 accumulators (28 spilled) and 5 vectors.
+TWO_PIPE_LOAD_SLOTS = 1.1
+TWO_PIPE_ACCUMULATORS = 24
+# ... and where A's rows stream from L2 (as they do in most sweeps), about 25 bytes per cycle
+# arrive: a vector of A per this many slots. Blocks of few columns then starve (that kernel:
+# 5 x 4 67-71 %, 4 x 6 68-75 %, 3 x 8 84-87 %, batch chunks of 5-10 elements).
+TWO_PIPE_L2_VECTOR_SLOTS = 5.0
+TWO_PIPE_MOST_VECTORS = 5
 # A kernel in a loop nest may prefetch the next call's A and B (``Prefetch``): their lines
 # spread over its register blocks, at most this many before each, into L2 (a batch of FP64
 # 128³ GEMMs from memory, 64 x 384 KiB: 80 -> 111 GFLOP/s with its output streamed, out
@@ -157,6 +173,24 @@ def pack_leading_bytes(target: Target) -> int:
     return PACK_LEADING_BYTES if target.half_width_is_free else PACK_LEADING_BYTES_TWO_PIPES
 
 
+def _l2_spread(spec: BrgemmSpec, a_reused: bool, b_reused: bool) -> int:
+    """The most batch elements whose reused A_i or B_i do not crowd L2's sets. Elements whose
+    starts lie a multiple of L2's set period apart (batch strides of 1-2 MiB) fall into the
+    same sets, and a chunk of more of them than ``l2_ways() // L2_CHUNK_WAYS_PART`` per set
+    evicts itself while the sweep runs (FP32 ``trus,pqtu->pqrs`` kernel, A_i 16 KiB 1 MiB
+    apart: 43 % of peak in chunks of 32, 71 % in 16, 85-86 % in 4-8; FP64, 2 MiB apart: 70 %
+    in chunks of 8, 86 % in 4)."""
+    period = l2_sets() * LINE_BYTES
+    allowed = max(1, l2_ways() // L2_CHUNK_WAYS_PART)
+    most = spec.batch
+    for stride, reused in ((spec.stride_a, a_reused), (spec.stride_b, b_reused)):
+        if reused and stride:
+            # every `apart`-th element starts in the same set
+            apart = period // math.gcd(stride * spec.itemsize, period)
+            most = min(most, allowed * apart)
+    return most
+
+
 def _chunk_within(batch: int, chunk: int, limit: int) -> int:
     """The largest divisor of ``batch`` (one loop covers it) at most ``chunk`` and ``limit``."""
     return max(d for d in range(1, max(1, min(chunk, limit)) + 1) if batch % d == 0)
@@ -183,6 +217,19 @@ def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
         form = "mirror"
     else:
         form = "outer"
+    # B stored transposed with its K steps pages apart: one column block reads one line per
+    # K step, those lines crowd an L1 set (and the TLB), and every row block fetches them
+    # again from further out. Copied into a buffer that stays in L1, small enough to share
+    # it with A's rows (FP64 1024^3 `ki,kj->ij` on 2 cores of a Xeon, kernel B 8 KiB per K
+    # step: 22 -> 45 GFLOP/s, NumPy 50; 1 KiB apart measured alike with and without), one
+    # vector per K step: wider blocks measured no faster there (2 x 12 47-51 % of peak,
+    # 2 x 8 and 3 x 8 54-55 %) and their buffer takes twice the room.
+    b_far_apart = (
+        form == "outer"
+        and spec.trans_b
+        and spec.ldb * spec.itemsize >= PACK_LEADING_BYTES
+        and set_crowding(spec.ldb * spec.itemsize, spec.k) > L1_WAYS
+    )
     if form == "dot":
         # Small blocks of dot products: rows of A and columns of B feed r*c accumulators.
         lanes = full_lanes
@@ -192,7 +239,8 @@ def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
         # The broadcast operand's columns (B's, or A's rows in the mirror form) lie this far
         # apart; 1 element: along one line.
         column_stride = spec.lda if form == "mirror" else (1 if spec.trans_b else spec.ldb)
-        lanes, vectors, columns = _outer_block(
+        block = _outer_block if target.half_width_is_free else _two_pipe_block
+        lanes, vectors, columns = block(
             rows,
             cols,
             spec.k * spec.batch,
@@ -200,6 +248,7 @@ def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
             registers,
             target.half_width_is_free,
             column_stride * spec.itemsize,
+            full_lanes if b_far_apart else MOST_COLUMNS,
         )
     # Chunks of the batch whose A_i and B_i fill at most half of L2 stay there while every
     # register block sweeps them. Only an operand that several blocks read counts: A_i is
@@ -216,7 +265,7 @@ def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
     b_reused = spec.m > m_step
     per_batch = spec.itemsize * (spec.m * spec.k * a_reused + spec.k * spec.n * b_reused)
     limit = max(1, cache_sizes()["L2"] // 2 // max(per_batch, 1))
-    chunk = _chunk_within(spec.batch, spec.batch, limit)
+    chunk = _chunk_within(spec.batch, spec.batch, min(limit, _l2_spread(spec, a_reused, b_reused)))
     # A vector operand that one column block reads whole (a matrix-vector product), its K
     # steps apart as a register block sees them, is streamed a few K steps at a time: one
     # batch element per sweep, in pieces of K_PIECE steps where K is longer, so that every
@@ -255,19 +304,7 @@ def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
         if far_apart and packed <= PACK_BUFFER_BYTES:
             chunk = _chunk_within(spec.batch, chunk, PACK_BUFFER_BYTES // packed)
             pack_a = True
-    # B stored transposed with its K steps pages apart: one column block reads one line per
-    # K step, those lines crowd an L1 set (and the TLB), and every row block fetches them
-    # again from further out. Copied into a buffer that stays in L1, small enough to share
-    # it with A's rows (FP64 1024^3 `ki,kj->ij` on 2 cores of a Xeon, kernel B 8 KiB per K
-    # step: 22 -> 45 GFLOP/s, NumPy 50; 1 KiB apart measured alike with and without).
-    pack_b = (
-        form == "outer"
-        and spec.trans_b
-        and not pack_a
-        and b_reused
-        and spec.ldb * spec.itemsize >= PACK_LEADING_BYTES
-        and set_crowding(spec.ldb * spec.itemsize, spec.k) > L1_WAYS
-    )
+    pack_b = b_far_apart and not pack_a and b_reused
     blocking = Blocking(form, lanes, vectors, columns, chunk, pack_a, pack_whole, k_piece, pack_b)
     if pack_b:
         per_element = blocking.b_buffer_bytes(spec) // chunk
@@ -284,6 +321,7 @@ def _outer_block(
     registers: int,
     half_width_free: bool,
     column_bytes: int = 0,
+    most_columns: int = 16,
 ) -> tuple[int, int, int]:
     """(lanes, vectors, columns) of an outer-product block, by a cost model in cycles.
 
@@ -304,7 +342,7 @@ def _outer_block(
         for vectors in (1, 2, 3, 4):
             if (vectors - 1) * lanes >= rows:
                 continue
-            for columns in range(2, 17):
+            for columns in range(2, most_columns + 1):
                 accumulators = vectors * columns
                 if accumulators > 16 or accumulators + vectors + columns > registers:
                     continue
@@ -329,6 +367,61 @@ def _outer_block(
                     best = key
     assert best is not None
     return best[3], best[2], best[4]
+
+
+def _two_pipe_block(
+    rows: int,
+    cols: int,
+    depth: int,
+    full_lanes: int,
+    registers: int,
+    half_width_free: bool,
+    column_bytes: int = 0,
+    most_columns: int = 16,
+) -> tuple[int, int, int]:
+    """(lanes, vectors, columns) of an outer-product block on a core with two full-width FMA
+    pipes (Intel's AVX-512 cores, AVX2 cores), by a cost model in FMA issue slots.
+
+    Two FMAs and about two loads retire per cycle there, so a step of ``vectors x columns``
+    FMAs reads ``vectors + columns`` values at ``TWO_PIPE_LOAD_SLOTS`` each: one-vector
+    blocks, whose every FMA waits for its own broadcast, are load-bound, and wider blocks
+    of up to ``TWO_PIPE_ACCUMULATORS`` accumulators pay. A tail block of rows costs its own
+    vectors, and each vector of A takes ``TWO_PIPE_L2_VECTOR_SLOTS`` to arrive from L2.
+    Otherwise as :func:`_outer_block` (latency, per-block overhead, L1 sets).
+    """
+    del half_width_free  # the signature of _outer_block, which this replaces
+    best: tuple[float, int, int, int] | None = None
+    for vectors in range(1, TWO_PIPE_MOST_VECTORS + 1):
+        if (vectors - 1) * full_lanes >= rows:
+            continue
+        for columns in range(2, most_columns + 1):
+            accumulators = vectors * columns
+            if accumulators > TWO_PIPE_ACCUMULATORS or accumulators + vectors + 2 > registers:
+                continue
+            if column_bytes > LINE_BYTES and set_crowding(column_bytes, columns) > L1_WAYS:
+                continue
+            row_full, row_tail = divmod(rows, vectors * full_lanes)
+            row_parts = ((vectors, row_full), (-(-row_tail // full_lanes), 1 if row_tail else 0))
+            col_full, col_tail = divmod(cols, columns)
+            col_parts = ((columns, col_full), (col_tail, 1 if col_tail else 0))
+            cost = 0.0
+            for block_vectors, row_count in row_parts:
+                for block_cols, col_count in col_parts:
+                    if row_count == 0 or col_count == 0:
+                        continue
+                    fmas = block_vectors * block_cols
+                    step = max(
+                        fmas,
+                        (block_vectors + block_cols) * TWO_PIPE_LOAD_SLOTS,
+                        block_vectors * TWO_PIPE_L2_VECTOR_SLOTS,
+                        8.0,
+                    )
+                    cost += row_count * col_count * (depth * step + 20 + 2 * fmas)
+            key = (cost, accumulators, vectors, columns)
+            if best is None or key < best:
+                best = key
+    assert best is not None
+    return full_lanes, best[2], best[3]
 
 
 class _Emitter:
@@ -602,7 +695,7 @@ class _Emitter:
         def plain_sweep(shift: int) -> None:
             def col_block(c0: str | int, cols: int) -> None:
                 # every row block below reads the column block's B from the buffer
-                columns = self.pack_b(b, c0, cols, batch) if blk.pack_b else b
+                columns = self.pack_b(b, c0, cols, batch, col_step) if blk.pack_b else b
 
                 def row_block(r0: str | int, rows: int, head: int, row: str | int) -> None:
                     prefetch(row, c0, rows_inside=True, rows=row_count(shift))
@@ -655,14 +748,7 @@ class _Emitter:
             share = min(-(-lines // blocks), PREFETCH_BURST)
             # a run of `share` lines from the block's first; the last blocks' runs end at the
             # tile's last line (they repeat lines, past the tile they would read nothing)
-            first = self.f.mul_i64(block, share)
-            if isinstance(first, int):
-                first = min(first, lines - share)
-            else:
-                self.module.declare("umin", "declare i64 @llvm.umin.i64(i64, i64)")
-                first = self.f.assign(
-                    f"call i64 @llvm.umin.i64(i64 {first}, i64 {lines - share})", "i"
-                )
+            first = self.f.umin_i64(self.f.mul_i64(block, share), lines - share)
             run = self.f.gep("i8", base, self.f.mul_i64(first, LINE_BYTES))
             for j in range(share):
                 pointer = self.f.gep("i8", run, j * LINE_BYTES)
@@ -677,11 +763,21 @@ class _Emitter:
             self.f.entry_alloca(f"%pack = alloca {self.t}, i64 {size}, align 64")
         return self.buffer
 
-    def pack_b(self, b: str, c0: str | int, cols: int, batch: int) -> str:
+    def pack_b(self, b: str, c0: str | int, cols: int, batch: int, col_step: int) -> str:
         """Copy columns ``c0 : c0 + cols`` of B, stored transposed (unit stride on N), of
         every batch element of the chunk into B's packing buffer: per (element, k) one run
-        of ``b_row`` values, zero past ``cols``."""
+        of ``b_row`` values, zero past ``cols``.
+
+        Each K step's lines lie pages apart, where the hardware prefetchers do not follow,
+        so the copy also prefetches the next column block's lines (the last block its own)
+        into L1: they arrive while the row blocks compute on this one, instead of the next
+        copy waiting for each of them in turn from L3 (FP64 ``ki,kj->ij`` 1024^3's kernel,
+        B 8 KiB per K step and 8 MiB per call, from L3: 47-55 -> 62-65 % of peak)."""
         spec, blk, f = self.spec, self.b, self.f
+        self.module.declare("prefetch", "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
+        # the next block's first and last values, within the tile
+        next_c0 = f.umin_i64(f.add_i64(c0, col_step), (spec.n - 1) // col_step * col_step)
+        next_last = f.umin_i64(f.add_i64(next_c0, col_step - 1), spec.n - 1)
         if self.b_buffer is None:
             self.b_buffer = "%packb"
             size = blk.b_buffer_bytes(spec) // spec.itemsize
@@ -689,7 +785,11 @@ class _Emitter:
         buffer, lanes, row = self.b_buffer, blk.lanes, blk.b_row
 
         def copy_step(source: str, target: str, k: str | int) -> None:
-            line = f.gep(self.t, source, f.add_i64(f.mul_i64(k, spec.ldb), c0))
+            row_start = f.gep(self.t, source, f.mul_i64(k, spec.ldb))
+            for column in dict.fromkeys((next_c0, next_last)):
+                ahead = f.gep(self.t, row_start, column)
+                f.emit(f"call void @llvm.prefetch.p0(ptr {ahead}, i32 0, i32 3, i32 1)")
+            line = f.gep(self.t, row_start, c0)
             for v in range(row // lanes):
                 active = min(lanes, cols - v * lanes)
                 value = (

@@ -180,6 +180,13 @@ class FunctionBuilder:
             return 0
         return self.assign(f"mul i64 {a}, {b}", "i")
 
+    def umin_i64(self, a: str | int, b: int) -> str | int:
+        """``min(a, b)`` for ``a >= 0``, folding constants."""
+        if isinstance(a, int):
+            return min(a, b)
+        self.module.declare("umin.i64", "declare i64 @llvm.umin.i64(i64, i64)")
+        return self.assign(f"call i64 @llvm.umin.i64(i64 {a}, i64 {b})", "i")
+
     def udiv_i64(self, a: str | int, b: int) -> str | int:
         """``a // b`` for ``a >= 0``, folding constants."""
         if isinstance(a, int):

@@ -115,6 +115,25 @@ def cache_sizes() -> dict[str, int]:
     return sizes
 
 
+@cache
+def l2_sets() -> int:
+    """Sets of the per-core L2: lines whose addresses differ by a multiple of this many lines
+    compete for one set's ways (:func:`l2_ways`)."""
+    return max(1, cache_sizes()["L2"] // (64 * l2_ways()))
+
+
+@cache
+def l2_ways() -> int:
+    """Ways of the per-core L2 (8 where the system does not say: Zen 4's, the fewest)."""
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            if int((index / "level").read_text()) == 2:
+                return max(1, int((index / "ways_of_associativity").read_text()))
+        except (OSError, ValueError):
+            continue
+    return 8
+
+
 def probe_attribute(target: Target, stack_bytes: int) -> str:
     """The function attribute that probes a stack buffer page by page (x86), so that a thread
     with too small a stack stops at its guard page instead of writing past it."""

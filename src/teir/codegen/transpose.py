@@ -345,9 +345,7 @@ class _Transpose:
         # nest for full and partial tiles keeps a single copy of the block's code.
         def extent(blocks: Size, index: str) -> str:
             left = f.assign(f"sub i64 {blocks}, {f.mul_i64(index, tile)}", "i")
-            return f.assign(f"call i64 @llvm.umin.i64(i64 {left}, i64 {tile})", "i")
-
-        self.e.module.declare("umin.i64", "declare i64 @llvm.umin.i64(i64, i64)")
+            return str(f.umin_i64(left, tile))
 
         def tile_column(tj: str) -> None:
             width = extent(cols.count, tj)
