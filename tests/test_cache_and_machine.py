@@ -120,3 +120,30 @@ def test_bench_kernels_json(capsys):
     for row in report["rows"]:
         assert row["loop"] > 0 and row["call"] > 0 and row["compile_ms"] > 0
         assert row["load_ms"] is None or row["load_ms"] >= 0
+
+
+def test_the_l3_share_counts_the_cpus_that_share_it():
+    """A VM's vCPUs see the socket's whole L3 but share it with other tenants: a process
+    counts at most L3_SHARE_PER_CPU per CPU listed as sharing it."""
+    from teir.codegen.target import L3_SHARE_PER_CPU, cache_sizes, cpu_list_count, l3_share
+
+    assert cpu_list_count("0-1\n") == 2
+    assert cpu_list_count("0-3,8,10-11") == 7
+    assert cpu_list_count("5") == 1
+    assert 0 < l3_share() <= cache_sizes()["L3"]
+    listed = Path("/sys/devices/system/cpu/cpu0/cache/index3/shared_cpu_list")
+    if listed.exists():
+        assert l3_share() <= cpu_list_count(listed.read_text()) * L3_SHARE_PER_CPU
+
+
+def test_copies_beyond_the_l3_share_are_planned_in_memory(monkeypatch):
+    """A copy that outgrows this process's share of L3 is planned as one between DRAM
+    buffers, even where the whole L3 would hold it."""
+    from teir.lower import tiles
+
+    monkeypatch.setattr(tiles, "cache_sizes", lambda: {"L1": 1 << 15, "L2": 1 << 21, "L3": 1 << 30})
+    monkeypatch.setattr(tiles, "l3_share", lambda: 1 << 23)
+    assert tiles.copy_outgrows_cache(1 << 20, 4)  # 8 MiB moved
+    assert not tiles.copy_outgrows_cache(1 << 19, 4)
+    monkeypatch.setattr(tiles, "l3_share", lambda: 1 << 30)
+    assert not tiles.copy_outgrows_cache(1 << 20, 4)

@@ -510,6 +510,9 @@ def test_transposes_in_memory_move_long_tiles(dtype, monkeypatch):
             "in0": next(size for size, s_in, _ in prims if s_in == 1),
         }
 
+    roomy = {"L1": 32 * 1024, "L2": 256 * 1024, "L3": 1 << 30}  # this process's share too
+    monkeypatch.setattr(tiles, "cache_sizes", lambda: roomy)
+    monkeypatch.setattr(tiles, "l3_share", lambda: 1 << 30)
     assert tile(teir.optimize(config, threads=1)) == {"out": 64, "in0": 64}
     caches = {"L1": 32 * 1024, "L2": 256 * 1024, "L3": 1024 * 1024}  # 2 x 4-8 MiB >= "L3"
     monkeypatch.setattr(tiles, "cache_sizes", lambda: caches)

@@ -115,6 +115,35 @@ def cache_sizes() -> dict[str, int]:
     return sizes
 
 
+# The most of a shared L3 one CPU can count on (Zen 4 has 4 MiB per core, Sapphire Rapids
+# about 2): a VM's few vCPUs see the whole socket's L3 (105 MiB on a 2-vCPU Xeon) but share
+# it with other tenants' cores.
+L3_SHARE_PER_CPU = 6 * 1024 * 1024
+
+
+@cache
+def l3_share() -> int:
+    """The part of the last-level cache this process can count on: its size, at most
+    ``L3_SHARE_PER_CPU`` per CPU that shares it here."""
+    l3 = cache_sizes()["L3"]
+    try:
+        listed = Path("/sys/devices/system/cpu/cpu0/cache/index3/shared_cpu_list").read_text()
+        cpus = cpu_list_count(listed)
+    except (OSError, ValueError):
+        return l3
+    return min(l3, max(1, cpus) * L3_SHARE_PER_CPU)
+
+
+def cpu_list_count(listed: str) -> int:
+    """The CPUs in a kernel CPU list such as ``0-3,8,10-11``."""
+    count = 0
+    for part in listed.strip().split(","):
+        if part:
+            first, _, last = part.partition("-")
+            count += int(last or first) - int(first) + 1
+    return count
+
+
 @cache
 def l2_sets() -> int:
     """Sets of the per-core L2: lines whose addresses differ by a multiple of this many lines
