@@ -239,17 +239,17 @@ def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
         # The broadcast operand's columns (B's, or A's rows in the mirror form) lie this far
         # apart; 1 element: along one line.
         column_stride = spec.lda if form == "mirror" else (1 if spec.trans_b else spec.ldb)
-        block = _outer_block if target.half_width_is_free else _two_pipe_block
-        lanes, vectors, columns = block(
+        problem = _BlockProblem(
             rows,
             cols,
             spec.k * spec.batch,
             full_lanes,
             registers,
-            target.half_width_is_free,
             column_stride * spec.itemsize,
             full_lanes if b_far_apart else MOST_COLUMNS,
         )
+        block = _outer_block if target.half_width_is_free else _two_pipe_block
+        lanes, vectors, columns = block(problem)
     # Chunks of the batch whose A_i and B_i fill at most half of L2 stay there while every
     # register block sweeps them. Only an operand that several blocks read counts: A_i is
     # read once per block along N, B_i once per block along M (a matrix-vector product
@@ -313,43 +313,57 @@ def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
     return blocking
 
 
-def _outer_block(
-    rows: int,
-    cols: int,
-    depth: int,
-    full_lanes: int,
-    registers: int,
-    half_width_free: bool,
-    column_bytes: int = 0,
-    most_columns: int = 16,
-) -> tuple[int, int, int]:
-    """(lanes, vectors, columns) of an outer-product block, by a cost model in cycles.
+@dataclass(frozen=True)
+class _BlockProblem:
+    """What an outer-product register block is chosen for: ``rows`` along the vectors,
+    ``cols`` broadcast, ``depth`` K steps over the batch, the target's vector width and
+    registers, the broadcast columns' distance in bytes (0 or 1: along one line) and the
+    most columns a block may take."""
+
+    rows: int
+    cols: int
+    depth: int
+    full_lanes: int
+    registers: int
+    column_bytes: int
+    most_columns: int
+
+    def crowds_l1(self, columns: int) -> bool:
+        """Whether one step's lines of ``columns`` broadcast columns crowd an L1 set beyond
+        its ways: FP64 80 x 60 x 64 with B's columns 4 KiB apart ran at 52 % of peak in a
+        1 x 15 block (all 15 lines in one set) and at 95 % in 2 x 6."""
+        return self.column_bytes > LINE_BYTES and set_crowding(self.column_bytes, columns) > L1_WAYS
+
+
+def _outer_block(problem: _BlockProblem) -> tuple[int, int, int]:
+    """(lanes, vectors, columns) of an outer-product block on Zen 4, by a cost model in
+    cycles.
 
     Each block does ``depth`` steps of vectors * columns FMAs (padding lanes included), needs
     at least 8 FMAs in flight to hide their latency, and pays a fixed overhead plus the load
     and store of its accumulators. Blocks must fit the registers with their operands
-    (accumulators + A vectors + broadcasts), else LLVM spills. Ties go to fewer accumulators.
-    The lines of the broadcast columns (``column_bytes`` apart) that one step reads must
-    not crowd an L1 set beyond its ways: FP64 80 x 60 x 64 with B's columns 4 KiB apart ran
-    at 52 % of peak in a 1 x 15 block (all 15 lines in one set) and at 95 % in 2 x 6.
+    (accumulators + A vectors + broadcasts), else LLVM spills, and must not crowd an L1 set
+    (:meth:`_BlockProblem.crowds_l1`). Ties go to fewer accumulators. Half-width vectors
+    cost ``HALF_WIDTH_FMA_CYCLES`` per FMA: Zen 4 runs 512-bit FMAs on two 256-bit pipes.
     """
+    p = problem
     best: tuple[float, int, int, int, int] | None = None
-    widths = [full_lanes]
-    if full_lanes >= 4:
-        widths.append(full_lanes // 2)
+    widths = [p.full_lanes]
+    if p.full_lanes >= 4:
+        widths.append(p.full_lanes // 2)
     for lanes in widths:
-        fma_cost = 1.0 if lanes == full_lanes or not half_width_free else HALF_WIDTH_FMA_CYCLES
+        fma_cost = 1.0 if lanes == p.full_lanes else HALF_WIDTH_FMA_CYCLES
         for vectors in (1, 2, 3, 4):
-            if (vectors - 1) * lanes >= rows:
+            if (vectors - 1) * lanes >= p.rows:
                 continue
-            for columns in range(2, most_columns + 1):
+            for columns in range(2, p.most_columns + 1):
                 accumulators = vectors * columns
-                if accumulators > 16 or accumulators + vectors + columns > registers:
+                if accumulators > 16 or accumulators + vectors + columns > p.registers:
                     continue
-                if column_bytes > LINE_BYTES and set_crowding(column_bytes, columns) > L1_WAYS:
+                if p.crowds_l1(columns):
                     continue
-                row_blocks = -(-rows // (vectors * lanes))
-                col_full, col_tail = divmod(cols, columns)
+                row_blocks = -(-p.rows // (vectors * lanes))
+                col_full, col_tail = divmod(p.cols, columns)
                 cost = 0.0
                 for block_cols, count in ((columns, col_full), (col_tail, 1 if col_tail else 0)):
                     if count == 0:
@@ -361,7 +375,7 @@ def _outer_block(
                         block_cols * BROADCAST_CYCLES,
                         8 * fma_cost,
                     )
-                    cost += count * row_blocks * (depth * step + 20 + 2 * fmas)
+                    cost += count * row_blocks * (p.depth * step + 20 + 2 * fmas)
                 key = (cost, accumulators, vectors, lanes, columns)
                 if best is None or key < best:
                     best = key
@@ -369,16 +383,7 @@ def _outer_block(
     return best[3], best[2], best[4]
 
 
-def _two_pipe_block(
-    rows: int,
-    cols: int,
-    depth: int,
-    full_lanes: int,
-    registers: int,
-    half_width_free: bool,
-    column_bytes: int = 0,
-    most_columns: int = 16,
-) -> tuple[int, int, int]:
+def _two_pipe_block(problem: _BlockProblem) -> tuple[int, int, int]:
     """(lanes, vectors, columns) of an outer-product block on a core with two full-width FMA
     pipes (Intel's AVX-512 cores, AVX2 cores), by a cost model in FMA issue slots.
 
@@ -389,20 +394,20 @@ def _two_pipe_block(
     vectors, and each vector of A takes ``TWO_PIPE_L2_VECTOR_SLOTS`` to arrive from L2.
     Otherwise as :func:`_outer_block` (latency, per-block overhead, L1 sets).
     """
-    del half_width_free  # the signature of _outer_block, which this replaces
+    p, lanes = problem, problem.full_lanes
     best: tuple[float, int, int, int] | None = None
     for vectors in range(1, TWO_PIPE_MOST_VECTORS + 1):
-        if (vectors - 1) * full_lanes >= rows:
+        if (vectors - 1) * lanes >= p.rows:
             continue
-        for columns in range(2, most_columns + 1):
+        for columns in range(2, p.most_columns + 1):
             accumulators = vectors * columns
-            if accumulators > TWO_PIPE_ACCUMULATORS or accumulators + vectors + 2 > registers:
+            if accumulators > TWO_PIPE_ACCUMULATORS or accumulators + vectors + 2 > p.registers:
                 continue
-            if column_bytes > LINE_BYTES and set_crowding(column_bytes, columns) > L1_WAYS:
+            if p.crowds_l1(columns):
                 continue
-            row_full, row_tail = divmod(rows, vectors * full_lanes)
-            row_parts = ((vectors, row_full), (-(-row_tail // full_lanes), 1 if row_tail else 0))
-            col_full, col_tail = divmod(cols, columns)
+            row_full, row_tail = divmod(p.rows, vectors * lanes)
+            row_parts = ((vectors, row_full), (-(-row_tail // lanes), 1 if row_tail else 0))
+            col_full, col_tail = divmod(p.cols, columns)
             col_parts = ((columns, col_full), (col_tail, 1 if col_tail else 0))
             cost = 0.0
             for block_vectors, row_count in row_parts:
@@ -416,12 +421,12 @@ def _two_pipe_block(
                         block_vectors * TWO_PIPE_L2_VECTOR_SLOTS,
                         8.0,
                     )
-                    cost += row_count * col_count * (depth * step + 20 + 2 * fmas)
+                    cost += row_count * col_count * (p.depth * step + 20 + 2 * fmas)
             key = (cost, accumulators, vectors, columns)
             if best is None or key < best:
                 best = key
     assert best is not None
-    return full_lanes, best[2], best[3]
+    return lanes, best[2], best[3]
 
 
 class _Emitter:
