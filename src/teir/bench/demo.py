@@ -65,9 +65,6 @@ def _trus(r: int, p: int, t: int, s: int, q: int, u: int) -> dict[str, Any]:
     }
 
 
-# Rounds of teir's timings (NumPy's between the first two), each case keeping its best.
-DEMO_ROUNDS = 2
-
 CASES: list[tuple[str, dict[str, Any]]] = [
     ("lab1_gemm", _lab("lab1_gemm")),
     ("lab2_brgemm", _lab("lab2_brgemm")),
@@ -132,29 +129,31 @@ def run(threads: int | None = None) -> dict[str, Any]:
 
     peaks = probe()
     progress.step("probe")
-    rows = []
     prepared = [_prepare(name, Config.from_dict(data), threads) for name, data in CASES]
-    # NumPy's BLAS threads spin for a while after each call and would take cores from teir:
-    # teir is timed after they have gone to sleep. A machine whose speed drifts (shared
-    # VMs: ±25 % within a minute) is sampled twice, around NumPy's round, keeping each
-    # case's best and each probe's highest peak.
-    teir_seconds = [float("inf")] * len(prepared)
-    numpy_seconds = []
-    for teir_round in range(DEMO_ROUNDS):
-        time.sleep(0.3)
-        for index, case in enumerate(prepared):
-            seconds = best_seconds(partial(case.operation, *case.operands), 0.3)
-            teir_seconds[index] = min(teir_seconds[index], seconds)
-            if teir_round == 0:
+
+    def time_teir(step: bool) -> list[float]:
+        time.sleep(0.3)  # NumPy's BLAS threads spin after each call, taking cores from teir
+        seconds = []
+        for case in prepared:
+            seconds.append(best_seconds(partial(case.operation, *case.operands), 0.3))
+            if step:
                 progress.step(case.name)
-        if teir_round == 0:
-            for case in prepared:
-                in0, in1, out = case.operands
-                numpy_run = numpy_evaluator(case.config, in0, in1, out.copy())
-                numpy_seconds.append(best_seconds(numpy_run, 0.3))
+        return seconds
+
+    def time_numpy(case: _Prepared) -> float:
+        in0, in1, out = case.operands
+        return best_seconds(numpy_evaluator(case.config, in0, in1, out.copy()), 0.3)
+
+    # A machine whose speed drifts (shared VMs: ±25 % within a minute) is sampled twice,
+    # around NumPy's round, keeping each case's best and each probe's highest peak.
+    first = time_teir(step=True)
+    numpy_seconds = [time_numpy(case) for case in prepared]
+    teir_seconds = [min(pair) for pair in zip(first, time_teir(step=False))]
     peaks = {key: max(value, peaks[key]) for key, value in probe().items()}
-    for case, seconds, numpy_time in zip(prepared, teir_seconds, numpy_seconds):
-        rows.append(_row(case, seconds, numpy_time, peaks))
+    rows = [
+        _row(case, seconds, numpy_time, peaks)
+        for case, seconds, numpy_time in zip(prepared, teir_seconds, numpy_seconds)
+    ]
     progress.close()
     return {
         "cores": cores,
