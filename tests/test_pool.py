@@ -152,3 +152,29 @@ def test_small_contractions_share_threads_where_a_parallel_call_pays():
         plan = teir.einsum_plan("ik,kj->ij", a, a, threads=2)
         assert plan.operation is not None and len(plan.operation.slices) == slices
         np.testing.assert_array_equal(teir.einsum("ik,kj->ij", a, a, threads=2), a @ a)
+
+
+@pytest.mark.parametrize(
+    "triple, drain",
+    [
+        ("x86_64-unknown-linux-gnu", "call void @llvm.x86.sse.sfence()"),
+        ("aarch64-unknown-linux-gnu", "fence seq_cst"),
+    ],
+)
+def test_streamed_stores_are_drained_before_a_slice_or_a_call_is_published(triple, drain):
+    """Non-temporal stores are not ordered by the release stores that say a slice finished
+    (or that publish the next call): a worker must drain them after its slice, and the caller
+    before it hands work to the workers, or a reader may see stale lines of the output."""
+    from teir.codegen.spin import spin_module
+    from teir.codegen.target import Target
+
+    lines = [line.strip() for line in spin_module(Target(triple, "generic", ""), "p").splitlines()]
+    call = next(i for i, line in enumerate(lines) if line.startswith("call void %fn(ptr %a0"))
+    done = next(i for i, line in enumerate(lines) if "ptr %done release" in line)
+    assert call < done and drain in lines[call + 1 : done]
+    publish = next(
+        i
+        for i, line in enumerate(lines)
+        if line.startswith("store atomic i64 %generation, ptr %control")
+    )
+    assert lines[publish - 1] == drain

@@ -62,6 +62,15 @@ def _relax(target: Target) -> tuple[list[str], list[str]]:
     return [], []
 
 
+def _drain(target: Target) -> tuple[list[str], list[str]]:
+    """(declarations, instructions) that make a thread's earlier non-temporal stores (streamed
+    outputs) visible before its next store: x86 orders them only with ``sfence``, not with
+    the release stores that publish a generation or a finished slice."""
+    if target.is_x86:
+        return ["declare void @llvm.x86.sse.sfence()"], ["  call void @llvm.x86.sse.sfence()"]
+    return [], ["  fence seq_cst"]
+
+
 def spin_module(target: Target, prefix: str) -> str:
     """Five functions, named ``prefix`` plus:
 
@@ -76,6 +85,7 @@ def spin_module(target: Target, prefix: str) -> str:
     - ``_dispatch``: a parallel call (:func:`_dispatch`).
     """
     declarations, relax = _relax(target)
+    drain_declarations, drain = _drain(target)
     task_loads, call_arguments = [], []
     for i, kind in enumerate(NEST_ARGUMENTS):
         task_loads += [
@@ -89,6 +99,7 @@ def spin_module(target: Target, prefix: str) -> str:
             call_arguments.append(f"i64 %r{i}")
     lines = [
         *declarations,
+        *drain_declarations,
         f"define i64 @{prefix}_poll(ptr %word, i64 %seen, i64 %rounds) nounwind {{",
         "entry:",
         "  br label %poll",
@@ -142,6 +153,7 @@ def spin_module(target: Target, prefix: str) -> str:
         "  %fn = inttoptr i64 %fn.bits to ptr",
         *task_loads,
         f"  call void %fn({', '.join(call_arguments)})",
+        *drain,  # the slice's output, before the done word says it is there
         "  br label %finish",
         "finish:",
         "  store atomic i64 %generation, ptr %done release, align 8",
@@ -153,7 +165,7 @@ def spin_module(target: Target, prefix: str) -> str:
         "  ret i64 %seen",
         "}",
         "",
-        *_dispatch(prefix, relax),
+        *_dispatch(prefix, relax, drain),
     ]
     return "\n".join(lines) + "\n"
 
@@ -162,7 +174,7 @@ def spin_module(target: Target, prefix: str) -> str:
 JOB_FIELDS = ("fn", "size", "count", "first", "last", "rounds")
 
 
-def _dispatch(prefix: str, relax: list[str]) -> list[str]:
+def _dispatch(prefix: str, relax: list[str], drain: list[str]) -> list[str]:
     """``_dispatch(ptr control, i64 workers, ptr job, ptr in0, ptr in1, ptr out, i64 mode)
     -> i64``: the job's nest ``fn`` (:data:`JOB_FIELDS`) on the index space [0, size) in
     ``count`` slices, slice ``s`` being [s * size / count, (s + 1) * size / count), the
@@ -225,6 +237,7 @@ def _dispatch(prefix: str, relax: list[str]) -> list[str]:
         "  %w.next = add i64 %w, 1",
         "  br label %tasks",
         "publish:",
+        *drain,  # what this thread streamed before (an earlier node's output), for the workers
         "  store atomic i64 %generation, ptr %control seq_cst, align 8",
         "  br label %asleep.loop",
         "asleep.loop:",
