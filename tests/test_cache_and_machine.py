@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from teir import machine
@@ -109,6 +110,35 @@ def test_machine_info_and_probe():
     assert machine.peak_gflops("f32", 1, seconds=0.01) > 0.5
     assert machine.peak_gflops("f64", 2, seconds=0.01) > 0.5
     assert machine.copy_bandwidth(1 << 16, seconds=0.01) > 0.1
+    assert machine.copy_bandwidth(1 << 16, seconds=0.01, threads=2) > 0.1
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_the_copy_probe_copies(streamed):
+    """Both probes (regular stores, and stores around the caches for copies beyond the L3
+    share) copy every element: the bandwidth they report is of a real copy."""
+    import ctypes
+
+    from teir.buffers import aligned_empty
+    from teir.codegen.probes import copy_block_bytes, copy_probe
+    from teir.codegen.target import Target
+    from teir.kernels.cache import CODE_CACHE
+
+    target = Target.host()
+    loaded = CODE_CACHE.get(
+        f"test:copy{streamed}", target, [""], lambda name: copy_probe(target, name, streamed)
+    )
+    probe = ctypes.CFUNCTYPE(
+        None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64
+    )(loaded.symbols[""])
+    blocks = 37
+    source = np.arange(blocks * copy_block_bytes(target) // 4 + 8, dtype=np.float32)
+    destination = aligned_empty(source.shape, np.float32)
+    destination[...] = -1
+    probe(source.ctypes.data, destination.ctypes.data, blocks, 2)
+    copied = blocks * copy_block_bytes(target) // 4
+    assert np.array_equal(destination[:copied], source[:copied])
+    assert (destination[copied:] == -1).all()
 
 
 def test_bench_kernels_json(capsys):

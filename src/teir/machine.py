@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from teir.buffers import aligned_empty
 from teir.codegen.probes import copy_block_bytes, copy_probe, flops_per_iteration, fma_probe
-from teir.codegen.target import Target, cache_sizes
+from teir.codegen.target import Target, cache_sizes, l3_share
 from teir.kernels.cache import CODE_CACHE
 
 
@@ -116,30 +117,54 @@ def peak_gflops(dtype: str = "f32", threads: int = 1, seconds: float = 0.2) -> f
     return best
 
 
-def copy_bandwidth(nbytes: int, seconds: float = 0.05) -> float:
+def copy_bandwidth(nbytes: int, seconds: float = 0.05, threads: int = 1) -> float:
     """Measured copy bandwidth in GB/s (bytes read plus bytes written per second) for copying
-    ``nbytes`` from one buffer to another, repeatedly (so small sizes stay in cache)."""
+    ``nbytes`` from one buffer to another, repeatedly (so small sizes stay in cache), split
+    between ``threads`` threads copying their shares at once: the rate to set an operation
+    on as many threads against. Copies that outgrow this process's share of the last-level
+    cache store around the caches, as teir's copies between buffers in memory do: regular
+    stores would first read every destination line (a third more traffic)."""
     target = Target.host()
-    loaded = CODE_CACHE.get("probe:copy", target, [""], lambda prefix: copy_probe(target, prefix))
+    streamed = 2 * nbytes >= min(cache_sizes()["L3"], l3_share())
+    loaded = CODE_CACHE.get(
+        f"probe:copy{':streamed' if streamed else ''}",
+        target,
+        [""],
+        lambda prefix: copy_probe(target, prefix, streamed),
+    )
     function = ctypes.CFUNCTYPE(
         None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64
     )(loaded.symbols[""])
+    threads = max(1, threads)
     block = copy_block_bytes(target)
-    blocks = max(1, nbytes // block)
-    source = np.ones(blocks * block // 4 + 16, dtype=np.float32)
-    destination = np.zeros_like(source)
-    ps, pd = source.ctypes.data, destination.ctypes.data
-    function(ps, pd, blocks, 1)
-    start = time.perf_counter()
-    function(ps, pd, blocks, 10)
-    per_rep = (time.perf_counter() - start) / 10
+    blocks = max(1, nbytes // block // threads)  # per thread
+    buffers = []
+    for _ in range(threads):
+        source = np.ones(blocks * block // 4 + 16, dtype=np.float32)
+        destination = aligned_empty(source.shape, np.float32)  # whole vectors: streamed
+        destination[...] = 0
+        buffers.append((source, destination))
+
+    def copy_all(reps: int) -> float:
+        """Seconds for every thread to copy its share ``reps`` times (ctypes releases the GIL)."""
+        workers = [
+            threading.Thread(target=function, args=(src.ctypes.data, dst.ctypes.data, blocks, reps))
+            for src, dst in buffers
+        ]
+        start = time.perf_counter()
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        return time.perf_counter() - start
+
+    copy_all(1)
+    per_rep = copy_all(10) / 10
     reps = max(1, int(seconds / 3 / max(per_rep, 1e-9)))
     best = 0.0
     for _ in range(3):
-        start = time.perf_counter()
-        function(ps, pd, blocks, reps)
-        elapsed = time.perf_counter() - start
-        best = max(best, 2 * blocks * block * reps / elapsed / 1e9)
+        elapsed = copy_all(reps)
+        best = max(best, 2 * threads * blocks * block * reps / elapsed / 1e9)
     return best
 
 

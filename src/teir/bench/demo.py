@@ -200,7 +200,7 @@ def _row(
     else:
         moved = 2 * config.extent(Tensor.OUT) * config.data_type.itemsize
         rate, unit = moved / seconds / 1e9, "GB/s"
-        fraction = rate / machine.copy_bandwidth(moved // 2)
+        fraction = rate / machine.copy_bandwidth(moved // 2, threads=used)
     return DemoRow(
         case.name,
         config.data_type.value,

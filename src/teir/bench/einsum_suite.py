@@ -6,7 +6,8 @@ baseline in a process of its own with the same thread count: ``numpy.einsum(opti
 for FP32 etops if installed (the course's reference implementation, given each einsum's
 unscheduled configuration to optimize with its own optimizer).
 Contractions report GFLOP/s and the fraction of all cores' FMA peak, permutations GB/s and the
-fraction of the copy bandwidth the probe measures for the same bytes, both from this run.
+fraction of the copy bandwidth the probe measures for the same bytes on the same threads, both
+from this run.
 Teir and the baselines alternate in rounds (``ROUNDS``), each case keeping its best round;
 the probes run in every round too, keeping their best.
 """
@@ -160,7 +161,9 @@ def _teir_round(
         out = np.zeros(np.shape(einsum(subscripts, *arrays, threads=threads)), np_dtype)
         times.append(_time_teir(subscripts, arrays, out, threads, seconds))
         if kind == "permutation":  # the probe's copy bandwidth for the same bytes, this round
-            bandwidth[name] = max(bandwidth.get(name, 0.0), machine.copy_bandwidth(out.nbytes))
+            bandwidth[name] = max(
+                bandwidth.get(name, 0.0), machine.copy_bandwidth(out.nbytes, threads=threads)
+            )
         progress.step(name)
         if rows is None:
             continue

@@ -50,11 +50,13 @@ def flops_per_iteration(target: Target, itemsize: int) -> int:
     return 2 * ACCUMULATORS * target.lanes(itemsize)
 
 
-def copy_probe(target: Target, name: str) -> str:
+def copy_probe(target: Target, name: str, streamed: bool = False) -> str:
     """``void name(ptr src, ptr dst, i64 blocks, i64 reps)``: copy ``blocks`` blocks of four
-    vector registers from src to dst, ``reps`` times."""
+    vector registers from src to dst, ``reps`` times; ``streamed``: stored around the caches
+    (non-temporal, dst vector-aligned), as copies between buffers in memory are."""
     lanes = target.lanes(4)
     vt = vector_type(lanes, 4)
+    store = f"align {lanes * 4}, !nontemporal !0" if streamed else "align 4"
     body = []
     for u in range(4):
         body += [
@@ -62,7 +64,7 @@ def copy_probe(target: Target, name: str) -> str:
             f"  %s{u} = getelementptr inbounds float, ptr %src, i64 %o{u}",
             f"  %v{u} = load {vt}, ptr %s{u}, align 4",
             f"  %d{u} = getelementptr inbounds float, ptr %dst, i64 %o{u}",
-            f"  store {vt} %v{u}, ptr %d{u}, align 4",
+            f"  store {vt} %v{u}, ptr %d{u}, {store}",
         ]
     return (
         "\n".join(
@@ -88,6 +90,7 @@ def copy_probe(target: Target, name: str) -> str:
                 "done:",
                 "  ret void",
                 "}",
+                *(["!0 = !{i32 1}"] if streamed else []),
             ]
         )
         + "\n"
