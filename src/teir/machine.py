@@ -125,7 +125,7 @@ def copy_bandwidth(nbytes: int, seconds: float = 0.05, threads: int = 1) -> floa
     cache store around the caches, as teir's copies between buffers in memory do: regular
     stores would first read every destination line (a third more traffic)."""
     target = Target.host()
-    streamed = 2 * nbytes >= min(cache_sizes()["L3"], l3_share())
+    streamed = 2 * nbytes >= l3_share()  # (at most L3 itself)
     loaded = CODE_CACHE.get(
         f"probe:copy{':streamed' if streamed else ''}",
         target,

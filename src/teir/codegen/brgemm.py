@@ -265,7 +265,7 @@ def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
     b_reused = spec.m > m_step
     per_batch = spec.itemsize * (spec.m * spec.k * a_reused + spec.k * spec.n * b_reused)
     limit = max(1, cache_sizes()["L2"] // 2 // max(per_batch, 1))
-    chunk = _chunk_within(spec.batch, spec.batch, min(limit, _l2_spread(spec, a_reused, b_reused)))
+    chunk = _chunk_within(spec.batch, limit, _l2_spread(spec, a_reused, b_reused))
     # A vector operand that one column block reads whole (a matrix-vector product), its K
     # steps apart as a register block sees them, is streamed a few K steps at a time: one
     # batch element per sweep, in pieces of K_PIECE steps where K is longer, so that every
