@@ -127,3 +127,65 @@ def test_repeated_calls_summing_an_operand_first_stay_direct(dtype, subscripts, 
     before = out.copy()
     teir.einsum(subscripts, *operands, out=out, accumulate=True, threads=1)
     np.testing.assert_allclose(out, before + expected, rtol=tolerance, atol=tolerance)
+
+
+def _unaligned(shape, dtype, fill=None):
+    """An array of ``shape`` whose data starts one byte past an element boundary."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape))
+    view = np.zeros(count * dtype.itemsize + 1, np.uint8)[1:].view(dtype).reshape(shape)
+    assert not view.flags.aligned
+    if fill is not None:
+        view[...] = fill
+    return view
+
+
+def test_arrays_off_their_element_boundaries_are_copied_or_computed_aside():
+    # A transpose between buffers in memory stores around the caches on vectors it finds by
+    # shifting whole elements: an output one byte off them once crashed the interpreter.
+    rng = np.random.default_rng(3)
+    n = 2048
+    a = rng.random((n, n), dtype=np.float32)
+    for _ in range(2):  # the second call runs from the plan cache
+        out = _unaligned((n, n), np.float32)
+        assert teir.einsum("ij->ji", a, out=out, threads=2) is out
+        np.testing.assert_array_equal(out, a.T)
+        np.testing.assert_array_equal(teir.einsum("ij->ji", _unaligned((n, n), np.float32, a)), a.T)
+    small_a, small_b = rng.random((8, 5)), rng.random((5, 6))
+    for _ in range(2):  # small products take the checked native call
+        out = _unaligned((8, 6), np.float64)
+        left = _unaligned((8, 5), np.float64, small_a)
+        assert teir.einsum("ij,jk->ik", left, small_b, out=out) is out
+        np.testing.assert_allclose(out, small_a @ small_b)
+        teir.einsum("ij,jk->ik", small_a, small_b, out=out, accumulate=True)
+        np.testing.assert_allclose(out, 2 * small_a @ small_b)
+
+
+def test_a_tree_and_an_operation_with_arrays_off_their_element_boundaries():
+    rng = np.random.default_rng(4)
+    tree = teir.EinsumTree.parse("[[0,1],[1,2]->[0,2]]", [6, 5, 7], dtype="float64").compile(
+        threads=1
+    )
+    a, b = rng.random((6, 5)), rng.random((5, 7))
+    out = _unaligned((6, 7), np.float64)
+    assert tree(_unaligned((6, 5), np.float64, a), b, out=out) is out
+    np.testing.assert_allclose(out, a @ b)
+    operation = teir.compile(
+        teir.Config.from_dict(
+            dict(
+                data_type="FP64",
+                prim_first="None",
+                prim_main="Copy",
+                prim_last="None",
+                dim_types=["C", "C"],
+                exec_types=["prim", "prim"],
+                dim_sizes=[4, 3],
+                strides_in0=[3, 1],
+                strides_in1=[0, 0],
+                strides_out=[1, 4],
+            )
+        ),
+        threads=1,
+    )
+    with pytest.raises(teir.ExecutionError, match="not aligned to its 8-byte elements"):
+        operation(rng.random(12), None, _unaligned((12,), np.float64))

@@ -64,6 +64,7 @@ class ArrayFields:
     descr: int
     flags: int
     writeable: int  # the flag bit
+    aligned: int  # the flag bit: data and strides whole elements apart
 
 
 def _word(name: str) -> int:
@@ -134,7 +135,10 @@ def checked_call_module(fields: ArrayFields, prefix: str) -> str:
             "  %lacks = icmp eq i32 %wbit, 0",
             "  %needs = icmp ne i64 %writable, 0",
             "  %read.only = and i1 %needs, %lacks",
-            "  br i1 %read.only, label %fallback, label %arg.dims",
+            f"  %abit = and i32 %flags32, {f.aligned}",
+            "  %unaligned = icmp eq i32 %abit, 0",
+            "  %refused = or i1 %read.only, %unaligned",
+            "  br i1 %refused, label %fallback, label %arg.dims",
             "arg.dims:",
             *field("dims", "%obj", f.dimensions, "ptr"),
             *field("strides", "%obj", f.strides, "ptr"),

@@ -89,7 +89,7 @@ class DirectCall:
         dtype = self.dtype
         first, last = operands[0], operands[-1]
         for array in (first, last) if out is None else (first, last, out):
-            if array.dtype is not dtype and array.dtype != dtype:
+            if (array.dtype is not dtype and array.dtype != dtype) or not array.flags.aligned:
                 return None
         address = data_address(first)
         other = data_address(last) if len(operands) == 2 else 0

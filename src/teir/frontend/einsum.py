@@ -90,6 +90,9 @@ def _arrays(operands: Sequence[Any]) -> list[np.ndarray]:
                 f"operand {index} has dtype {array.dtype}; teir.einsum supports float32 and "
                 f"float64: convert it with .astype(np.float64) (or np.float32)"
             )
+        if not array.flags.aligned:
+            # kernels assume whole elements (and shift onto vectors by elements): a copy
+            array = np.require(array, requirements="A")
         arrays.append(array)
     if not arrays:
         raise EinsumError("einsum needs at least one operand")
@@ -348,7 +351,7 @@ def _one_or_two(
         np.shares_memory(out_array, a if isinstance(a, np.ndarray) else a.array) for a in inputs
     )
     negative = any(s < 0 for s in result.strides)
-    if not (unary_accumulate or overlapping or negative):
+    if not (unary_accumulate or overlapping or negative or not result.flags.aligned):
         plan.run(addresses[0], addresses[1], data_address(result))
         return _returned(result, out)
     # Computed into a temporary, then added or copied (and ReLU applied) into place.

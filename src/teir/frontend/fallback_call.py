@@ -66,7 +66,7 @@ class FallbackCall:
         if len(operands) != self.operand_count or (out is None) != (self.out_span is None):
             return None
         for array in operands if out is None else (*operands, out):
-            if array.dtype is not dtype and array.dtype != dtype:
+            if (array.dtype is not dtype and array.dtype != dtype) or not array.flags.aligned:
                 return None
         addresses = [data_address(array) for array in operands]
         if out is not None:

@@ -37,6 +37,7 @@ _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 _C_CONTIGUOUS = 0x1
 _F_CONTIGUOUS = 0x2
 _WRITEABLE = 0x400
+_ALIGNED = 0x100
 
 
 def _interface_address(array: np.ndarray) -> int:
@@ -90,6 +91,17 @@ def checked_address(
         )
     if writable and not flags & _WRITEABLE:
         raise ExecutionError(f"{name} is read-only but it is written")
+    if not flags & _ALIGNED:
+        raise ExecutionError(
+            f"{name} is not aligned to its {dtype.itemsize}-byte elements (address "
+            f"{interface.data:#x}); kernels address whole elements (and store around the "
+            "caches on vectors found by shifting whole elements): pass "
+            + (
+                "an aligned output (any array NumPy allocates is) and copy it over"
+                if writable
+                else f"np.require({name}, requirements='A') (an aligned copy)"
+            )
+        )
     address: int | None = interface.data
     return address or 0
 

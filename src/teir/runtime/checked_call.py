@@ -35,6 +35,7 @@ from teir.runtime.stack import UNCHECKED_BYTES
 MAX_ESTIMATED_SECONDS = 1e-3
 _METH_FASTCALL = 0x80
 _WRITEABLE = 0x400  # NPY_ARRAY_WRITEABLE
+_ALIGNED = 0x100  # NPY_ARRAY_ALIGNED
 
 
 class _MethodDef(ctypes.Structure):
@@ -61,6 +62,7 @@ def _array_fields() -> ArrayFields | None:
         descr=head + 5 * pointer,  # after the base object
         flags=head + 6 * pointer,
         writeable=_WRITEABLE,
+        aligned=_ALIGNED,
     )
     word = ctypes.c_ssize_t.from_address
     i32 = ctypes.c_int32.from_address
@@ -68,7 +70,8 @@ def _array_fields() -> ArrayFields | None:
     samples = [base, base[:, ::2].transpose(2, 0, 1), np.zeros((), np.float32), base[1, 1:]]
     readonly = np.zeros(3)
     readonly.flags.writeable = False
-    for a in [*samples, readonly]:
+    unaligned = np.zeros(25, np.uint8)[1:].view(np.float64)
+    for a in [*samples, readonly, unaligned]:
         at = id(a)
         if word(at + fields.ob_type).value != id(np.ndarray) or i32(at + fields.nd).value != a.ndim:
             return None
@@ -83,7 +86,10 @@ def _array_fields() -> ArrayFields | None:
                 or word(strides + 8 * d).value != a.strides[d]
             ):
                 return None
-        if bool(i32(at + fields.flags).value & _WRITEABLE) != a.flags.writeable:
+        flags = i32(at + fields.flags).value
+        if bool(flags & _WRITEABLE) != a.flags.writeable or bool(flags & _ALIGNED) != (
+            a.flags.aligned
+        ):
             return None
     return fields
 

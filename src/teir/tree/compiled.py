@@ -184,6 +184,8 @@ class CompiledTree:
             )
             if strides != tuple(s if n > 1 else 0 for n, s in zip(shape, expected)):
                 array = np.ascontiguousarray(array)  # documented: laid out as compiled
+            if not array.flags.aligned:  # kernels assume whole elements: a copy
+                array = np.require(array, requirements="A")
             arrays.append(array)
         return arrays
 
@@ -199,7 +201,7 @@ class CompiledTree:
             )
         if not array.flags.writeable:
             raise TreeError("out is read-only")
-        if array.flags.c_contiguous:
+        if array.flags.c_contiguous and array.flags.aligned:
             return array, None
         target = aligned_empty(self.out_shape, self.dtype)
         if self.accumulate:
