@@ -17,6 +17,7 @@ from teir.codegen.brgemm import K_PIECE, Blocking, _Emitter, choose_blocking
 from teir.codegen.irtext import Module
 from teir.codegen.specs import BrgemmSpec, KernelError, UnaryOp, UnarySpec
 from teir.codegen.target import Target
+from teir.codegen.unary import unary_function
 
 HOST = Target.host()
 LAYOUTS = list(itertools.product([False, True], repeat=2))
@@ -312,6 +313,50 @@ def test_transposed_rows_in_runs(dtype, streamed):
     functions = compile_many(specs, HOST, streamed=streamed)
     for seed, (spec, function, shift) in enumerate(zip(specs, functions, shifts)):
         run_unary(spec, function, seed, shift)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_transposed_columns_each_on_their_own_line_boundaries(dtype):
+    """A streamed transposed tile whose columns are no whole number of lines apart stores each
+    column in line-aligned vectors of its own, shifted across two blocks by a run-time
+    permute: at every alignment of B, with
+    row tails that end within a vector or spill into the next, a last block of columns
+    clamped onto the one before it, rows in runs and ReLU, B gets A^T and nothing outside
+    it is written."""
+    lanes = HOST.lanes(4 if dtype == "f32" else 8)
+    forms = [  # m, n, lda, ldb, m_inner, lda_outer
+        (2 * lanes, lanes, lanes + 1, 2 * lanes + 1, 0, 0),
+        (3 * lanes + 1, lanes + 3, 2 * lanes, 4 * lanes + 3, 0, 0),
+        (4 * lanes - 1, 2 * lanes, 2 * lanes + 5, 4 * lanes + lanes // 2, 0, 0),
+        (5 * lanes + lanes // 2 + 1, 3 * lanes + 1, 3 * lanes + 1, 6 * lanes - 1, 0, 0),
+        (6 * lanes, lanes + 1, 2 * lanes, 6 * lanes + 1, 2 * lanes, 40 * lanes),
+        (3 * 13, 20, 21, 3 * 13 * 17 + 2, 13, 400),  # runs shorter than a vector
+    ]
+    specs = []
+    for m, n, lda, ldb, m_inner, lda_outer in forms:
+        for op in (UnaryOp.COPY, UnaryOp.RELU):
+            specs.append(
+                UnarySpec(
+                    dtype,
+                    op,
+                    m,
+                    n,
+                    lda,
+                    ldb,
+                    trans_a=True,
+                    stream_b=True,
+                    m_inner=m_inner,
+                    lda_outer=lda_outer,
+                )
+            )
+    if lanes * specs[0].itemsize == 64:  # the shifted columns are built for 64-byte vectors
+        module = Module()
+        unary_function(specs[0], HOST, module, "probe", streamed=True)
+        assert "vpermi2var" in module.text()
+    functions = compile_many(specs, HOST, streamed=True)
+    for seed, (spec, function) in enumerate(zip(specs, functions)):
+        for shift_b in range(lanes):
+            run_unary(spec, function, seed, (shift_b % 3, shift_b))
 
 
 def test_rows_in_runs_are_checked():

@@ -243,9 +243,10 @@ def _streams_copy(config: Config, rows: int, ldb: int, transposed: bool) -> bool
       there for a later reader anyway (and nothing reads it back: no last-touch op);
     - a column is whole cache lines, so no line is shared with the next tile's regular
       stores (24^5 ijklm->mlkji, 96-byte columns: 24 -> 21 GB/s streamed), or a long
-      transposed one (below) on line-aligned columns: only its masked end vectors, stored
-      normally, touch the lines it shares (ij->ji 1000 x 4096 FP64, 250-element columns:
-      32 -> 54 GB/s streamed);
+      transposed one (below), which the kernel shifts onto lines: only its masked end
+      vectors, stored normally, touch the lines it shares (ij->ji 1000 x 4096 FP64,
+      250-element columns: 32 -> 54 GB/s streamed; columns no whole number of lines apart,
+      each shifted on its own: ij->ji 3000^2 FP32 2.0 -> 8.9 GB/s, 1500 x 2250 2.0 -> 8.8);
     - the innermost loop does not continue short columns: a tile that extends the previous
       one's columns is written as sequential streams the caches already handle well
       (ijkl->ljki 48^4: 21 -> 18 GB/s streamed), while scattered columns gain the most
@@ -257,11 +258,10 @@ def _streams_copy(config: Config, rows: int, ldb: int, transposed: bool) -> bool
     if config.prim_last is not PrimLast.NONE:
         return False
     itemsize = config.data_type.itemsize
-    # a long transposed column on line-aligned leading dimensions is shifted onto the lines
-    # by the kernel, whose masked end vectors are the only stores to lines it shares
-    shifted = (
-        transposed and rows * itemsize >= LONG_COLUMN_BYTES and (ldb * itemsize) % LINE_BYTES == 0
-    )
+    # a long transposed column is shifted onto the lines by the kernel (all columns alike on
+    # line-aligned leading dimensions, each on its own otherwise), whose masked end vectors
+    # are the only stores to lines it shares
+    shifted = transposed and rows * itemsize >= LONG_COLUMN_BYTES
     if (rows * itemsize) % LINE_BYTES and not shifted:
         return False
     s = config.schedule
