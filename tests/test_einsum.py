@@ -555,6 +555,34 @@ def test_sizes_without_good_divisors_run_in_regions(subscripts, sizes):
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("in_memory", [False, True])
+def test_permutations_in_memory_without_good_divisors_run_in_regions(monkeypatch, in_memory):
+    """A permutation between buffers in memory whose sizes have no good divisor (primes) is
+    split into regions, so that its main part gets tiles and loops that threads share; one
+    within the caches stays a single call."""
+    import teir.lower.tiles as tiles
+    from teir.frontend.einsum import clear_plans
+
+    if in_memory:
+        monkeypatch.setattr(tiles, "cache_sizes", lambda: {"L1": 1024, "L2": 2048, "L3": 4096})
+    a = RNG.uniform(-1, 1, (401, 353)).astype(np.float32)
+    clear_plans()  # plans made under either cache size stay out of other tests
+    try:
+        plan = teir.einsum_plan("ij->ji", a, threads=2)
+        if not in_memory:
+            assert len(plan.regions) == 1
+            return
+        assert len(plan.regions) == 4 and "partial tiles" in plan.explain()
+        assert plan.operation is not None and plan.operation.nest.parallel_size > 1
+        for accumulate in (False, True):
+            out = RNG.uniform(-1, 1, (353, 401)).astype(np.float32)
+            expected = a.T + (out if accumulate else 0)
+            assert teir.einsum("ij->ji", a, out=out, accumulate=accumulate, threads=2) is out
+            np.testing.assert_allclose(out, expected, rtol=1e-6)
+    finally:
+        clear_plans()
+
+
 def test_numpy_keywords_and_array_likes():
     assert teir.einsum("i,i", [1.0, 2.0], [3.0, 4.0]) == 11.0
     result = teir.einsum(

@@ -30,7 +30,7 @@ from teir.frontend.einsum_parse import EinsumError, Subscripts, numpy_subscripts
 from teir.frontend.lane_plan import lane_spec
 from teir.frontend.split_reduction import SplitReduction
 from teir.ir import Config
-from teir.lower.tiles import TileOp
+from teir.lower.tiles import TileOp, copy_outgrows_cache
 from teir.optimizer import optimize_with_log
 from teir.runtime.lane_operation import LaneOperation, compile_lanes
 from teir.runtime.operation import Operation
@@ -491,12 +491,17 @@ def regions(
 
     An output axis (C, M or N) whose size has no divisor between 16 and SPLIT_ABOVE is split
     into a multiple of 16, which tiles well, and the thin rest. Regions write disjoint parts of
-    the output, so each keeps the first/last primitives.
+    the output, so each keeps the first/last primitives. Permutations are split only between
+    buffers in memory: there tiles decide the traffic and give threads loops to share (ij->ji
+    4001 x 2999 FP32 ran as one tile on one thread), while a copy within the caches runs
+    well as one tile and would pay a call per region.
     """
+    itemsize = 4 if fields["data_type"] == "FP32" else 8
+    splits = binary or copy_outgrows_cache(prod(fields["dim_sizes"]), itemsize)
     pieces: list[list[tuple[int, int]]] = []
     for dim_type, size in zip(fields["dim_types"], fields["dim_sizes"]):
         whole = [(0, size)]
-        if not binary or dim_type == "K" or size <= SPLIT_ABOVE:
+        if not splits or dim_type == "K" or size <= SPLIT_ABOVE:
             pieces.append(whole)
             continue
         if any(size % d == 0 for d in range(16, SPLIT_ABOVE + 1)):
