@@ -374,10 +374,18 @@ class _Transpose:
 
         head = transposed(0, lanes)
         for jj in range(lanes):
-            # lanes [shift, lanes) of the line-aligned vector holding the column's start
-            low = f.assign(f"shl i64 -1, {shifts[jj]}", "m")
-            offset = f.assign(f"sub i64 {at(jj, 0)}, {shifts[jj]}", "i")
-            masked_store(joined("zeroinitializer", head[jj], jj), offset, low)
+            on_line = f.assign(f"icmp eq i64 {shifts[jj]}, 0", "c")
+
+            def whole(jj: int = jj) -> None:
+                e.store(head[jj], "%B", at(jj, 0), lanes, streamed=True)
+
+            def part(jj: int = jj) -> None:
+                # lanes [shift, lanes) of the line-aligned vector holding the column's start
+                low = f.assign(f"shl i64 -1, {shifts[jj]}", "m")
+                offset = f.assign(f"sub i64 {at(jj, 0)}, {shifts[jj]}", "i")
+                masked_store(joined("zeroinitializer", head[jj], jj), offset, low)
+
+            f.when(on_line, whole, part)
 
         def steady(b: str, before: list[str]) -> list[str]:
             i0 = f.add_i64(f.mul_i64(b, lanes), lanes)
