@@ -386,13 +386,16 @@ def _check_permutation_at_every_offset(config: teir.Config, subscripts: str, siz
         ("ijkl->lkji", 24, "FP32", False),  # 96-byte ones, not joined by the next axis
         ("ij->ji", 1000, "FP64", True),  # 250-element columns on 8000-byte rows: shifted
         ("ij->ji", 1000, "FP32", True),  # 4000-byte rows: each column shifted on its own
+        ("ijk->kji", 37, "FP32", True),  # 148-byte columns, continued, each shifted on its own
+        ("ijkl->ljki", 45, "FP64", True),  # 360-byte ones
     ],
 )
 def test_long_transposed_columns_stream(monkeypatch, subscripts, size, dtype, streamed):
     """A transposed tile's columns of 512 bytes or more stream even where the next tile
     continues them or they end inside a line (the kernel shifts them onto lines, every column
-    alike or each on its own, and masks their ends); the results equal NumPy's at every
-    offset of the output from a line."""
+    alike or each on its own, and masks their ends), and so do shorter ones of two vectors or
+    more that lie no whole number of lines apart; the results equal NumPy's at every offset
+    of the output from a line."""
     import teir.lower.tiles as tiles
     from teir.lower.nest import lower
 
