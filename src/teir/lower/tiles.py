@@ -281,12 +281,17 @@ def _streams_copy(config: Config, rows: int, ldb: int, transposed: bool) -> bool
 
 
 def copy_outgrows_cache(elements: int, itemsize: int) -> bool:
-    """Whether a copy of ``elements`` reads and writes at least this process's share of the
-    last-level cache: its tensors then live in DRAM, not in cache (on a 2-vCPU Xeon, whose
-    105 MiB L3 other tenants share, FP32 transposes of 32-64 MiB: ij->ji 2048^2 6 -> 19 GB/s,
-    ijk->kji 160^3 6 -> 20, ijkl->ljki 48^4 6.5 -> 26, ijklm->ikmjl 24^5 3.7 -> 14 planned as
-    in memory)."""
-    return 2 * elements * itemsize >= min(cache_sizes()["L3"], l3_share())
+    """Whether a copy of ``elements`` reads and writes more than a core's own L2 holds (or
+    this process's share of the last-level cache, where that is smaller): its tensors then
+    come from beyond the core, where tiles decide the traffic. A shared L3 answered a
+    copy's scattered lines at about DRAM's rate on a 2-vCPU Xeon, whose 105 MiB L3 other
+    tenants share (copy probe, one thread: 54 GB/s at 0.5 MiB, 18 at 3 MiB, 12-19 at 16),
+    so copies planned as in memory ran faster from just past L2 on (FP32, 2 threads, in one
+    process: ij->ji 724^2 4.7 -> 12.5 GB/s, 1000^2 3.2 -> 10.7, 1500^2 9.2 -> 12.5, ijk->kji
+    100^3 3.3 -> 14.6, ijkl->ljki 30^4 4.1 -> 15.6; at 512^2, 2 MiB in all, 11.9 -> 9.4) and
+    from 32 MiB on by 3-4x (ij->ji 2048^2 6 -> 19 GB/s, ijklm->ikmjl 24^5 3.7 -> 14)."""
+    sizes = cache_sizes()
+    return 2 * elements * itemsize > min(sizes["L2"], sizes["L3"], l3_share())
 
 
 def _fuse(axes: list[_Axis], tensors: tuple[Tensor, ...]) -> list[_Axis]:
