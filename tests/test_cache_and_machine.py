@@ -166,14 +166,16 @@ def test_the_l3_share_counts_the_cpus_that_share_it():
         assert l3_share() <= cpu_list_count(listed.read_text()) * L3_SHARE_PER_CPU
 
 
-def test_copies_beyond_the_l3_share_are_planned_in_memory(monkeypatch):
-    """A copy that outgrows this process's share of L3 is planned as one between DRAM
-    buffers, even where the whole L3 would hold it."""
+def test_copies_beyond_a_cores_l2_are_planned_in_memory(monkeypatch):
+    """A copy whose tensors outgrow a core's L2, or this process's share of L3 where that is
+    smaller, is planned as one between buffers in memory, even where the whole L3 would
+    hold it."""
     from teir.lower import tiles
 
     monkeypatch.setattr(tiles, "cache_sizes", lambda: {"L1": 1 << 15, "L2": 1 << 21, "L3": 1 << 30})
     monkeypatch.setattr(tiles, "l3_share", lambda: 1 << 23)
-    assert tiles.copy_outgrows_cache(1 << 20, 4)  # 8 MiB moved
-    assert not tiles.copy_outgrows_cache(1 << 19, 4)
-    monkeypatch.setattr(tiles, "l3_share", lambda: 1 << 30)
-    assert not tiles.copy_outgrows_cache(1 << 20, 4)
+    assert tiles.copy_outgrows_cache(1 << 19, 4)  # 4 MiB moved
+    assert not tiles.copy_outgrows_cache(1 << 18, 4)  # 2 MiB: the L2 holds it
+    monkeypatch.setattr(tiles, "l3_share", lambda: 1 << 20)
+    assert tiles.copy_outgrows_cache(1 << 18, 4)
+    assert not tiles.copy_outgrows_cache(1 << 17, 4)
