@@ -319,7 +319,8 @@ def test_transposed_rows_in_runs(dtype, streamed):
 def test_transposed_columns_each_on_their_own_line_boundaries(dtype):
     """A streamed transposed tile whose columns are no whole number of lines apart stores each
     column in line-aligned vectors of its own, shifted across two blocks by a run-time
-    permute: at every alignment of B, with
+    permute, short columns down one block of columns at a time and long ones in rows of
+    blocks: at every alignment of B, with
     row tails that end within a vector or spill into the next, a last block of columns
     clamped onto the one before it, rows in runs and ReLU, B gets A^T and nothing outside
     it is written."""
@@ -331,6 +332,12 @@ def test_transposed_columns_each_on_their_own_line_boundaries(dtype):
         (5 * lanes + lanes // 2 + 1, 3 * lanes + 1, 3 * lanes + 1, 6 * lanes - 1, 0, 0),
         (6 * lanes, lanes + 1, 2 * lanes, 6 * lanes + 1, 2 * lanes, 40 * lanes),
         (3 * 13, 20, 21, 3 * 13 * 17 + 2, 13, 400),  # runs shorter than a vector
+        # columns and rows of A of 512 bytes or more: crossed in rows of blocks
+        (10 * lanes + 5, 8 * lanes + 3, 9 * lanes, 11 * lanes + 1, 0, 0),
+        (17 * (lanes // 2), 8 * lanes + 1, 9 * lanes, 9 * lanes + 3, lanes // 2, 40 * lanes),
+        (16 * lanes, 9 * lanes, 9 * lanes + 1, 16 * lanes + 2, 0, 0),
+        # too wide for the buffer of one vector per column: down the columns again
+        (8 * lanes + 1, 40 * lanes - 3, 40 * lanes, 8 * lanes + 3, 0, 0),
     ]
     specs = []
     for m, n, lda, ldb, m_inner, lda_outer in forms:

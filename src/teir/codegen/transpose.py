@@ -54,6 +54,13 @@ DIAGONAL_TILE = 8
 # 128²: 64 % -> 78 %)
 SHIFT_BLOCKS = 8
 
+# shifted columns at least this long, from rows of A at least this long, are crossed in rows of
+# blocks (_Transpose.shifted_columns)
+ACROSS_BYTES = 512
+# the most stack that buffer of one vector per column may take (well within what runs
+# unchecked: teir.runtime.stack.UNCHECKED_BYTES); wider tiles go down the columns
+ACROSS_BUFFER_BYTES = 32 * 1024
+
 # transposes whose A and B together take at most this many bytes use half-width blocks
 # where vectors are 512 bits: in cache they are bound by the core, not by memory, and
 # 256-bit shuffles and stores cost half as much where 512-bit ones are double-pumped (Zen 4).
@@ -280,148 +287,32 @@ class _Transpose:
         )
 
     def shifted_columns(self) -> None:
-        """Down B's columns, ``lanes`` columns at a time: column j's vectors start where its
-        first line boundary falls (``s_j`` elements before its start), each made of the last
-        ``s_j`` rows of one transposed block and the first rows of the next (one two-source
-        permute), and stored around the caches; only the partial lines at a column's two
-        ends are stored normally (masked), and no line gets both kinds of store.
+        """B's columns stored in line-aligned vectors of their own: column j's vectors start
+        where its first line boundary falls (``s_j`` elements before its start), each made
+        of the last ``s_j`` rows of one transposed block and the first rows of the next (one
+        two-source permute), and are stored around the caches; only the partial lines at a
+        column's two ends are stored normally (masked), and no line gets both kinds of
+        store. ``s_j`` steps by ``ldb mod lanes`` from column to column, so every block of
+        columns has the same shifts.
+
+        Long columns from long rows of A are crossed in rows of blocks, each along A's rows
+        (A read as `lanes` streams), the block above's columns waiting in a buffer of one
+        vector per column; otherwise (either under ACROSS_BYTES) the tile goes down one
+        block of columns at a time, its columns carried in registers (FP32, 2 threads, in
+        one process: ij->ji 4001 x 2999 in 400 x 176 tiles 1.23x across, 3000^2 1.34x,
+        ijk->kji 150^3 1.33x; ijkl->ljki 37x41x43x47, 37 x 47 tiles, 0.2-0.6x across, 45^4 in
+        runs, 225 x 45 tiles, 0.8x).
 
         Without it a misaligned transpose between buffers in memory stored every line
         normally, each read for ownership first, scattered across the output (ij->ji
         1500 x 2250 FP32, one thread: 1.2 GB/s, NumPy 3.4)."""
-        e, f, spec, lanes = self.e, self.f, self.spec, self.lanes
-        size = spec.itemsize
-        kind = "ps" if size == 4 else "pd"
-        index_type = f"<{lanes} x i{8 * size}>"
-        # 64-byte vectors are AVX-512's, whose two-source permute takes run-time indices
-        self.permute = f"@llvm.x86.avx512.vpermi2var.{kind}.512"
-        e.module.declare(
-            f"vpermi2var.{kind}",
-            f"declare {e.vt} {self.permute}({e.vt}, {index_type}, {e.vt})",
-        )
-        self.index_type = index_type
-        blocks = -(-spec.n // lanes)
-
-        def column_block(jb: str) -> None:
-            # the last block is clamped inside B: its overlapping columns get the same values
-            j0 = f.umin_i64(f.mul_i64(jb, lanes), spec.n - lanes)
-            self.shifted_block_column(j0)
-
-        f.range_loop(0, blocks, column_block, "jb")
-
-    def shifted_block_column(self, j0: Size) -> None:
-        """Columns ``j0 .. j0 + lanes - 1`` of B (see :meth:`shifted_columns`)."""
-        e, f, spec, lanes = self.e, self.f, self.spec, self.lanes
-        size = spec.itemsize
-        blocks, tail = divmod(spec.m, lanes)
-        mask_type = f"i{lanes}"
-
-        def at(jj: int, row: Size) -> Size:
-            return f.add_i64(row, f.mul_i64(f.add_i64(j0, jj), spec.ldb))
-
-        # each column's shift: its start's elements past a line boundary
-        shifts: list[str] = []
-        indices: list[str] = []
-        iota = "<" + ", ".join(f"i{8 * size} {t}" for t in range(lanes)) + ">"
-        for jj in range(lanes):
-            start = f.assign(f"getelementptr {e.t}, ptr %B, i64 {at(jj, 0)}", "p")
-            misaligned = f.misaligned_bytes(start, LINE_BYTES)
-            shift = f.assign(f"lshr i64 {misaligned}, {size.bit_length() - 1}", "s")
-            shifts.append(shift)
-            # lane t of the joined vector is lane lanes - shift + t of (before, after)
-            first = f.assign(f"sub i64 {lanes}, {shift}", "s")
-            if size == 4:
-                first = f.assign(f"trunc i64 {first} to i32", "s")
-            one = f.assign(
-                f"insertelement {self.index_type} undef, i{8 * size} {first}, i64 0", "x"
-            )
-            splat = f.assign(
-                f"shufflevector {self.index_type} {one}, {self.index_type} undef, "
-                f"<{lanes} x i32> zeroinitializer",
-                "x",
-            )
-            indices.append(f.assign(f"add {self.index_type} {splat}, {iota}", "x"))
-
-        def transposed(i0: Size, rows: int) -> list[str]:
-            vectors = [
-                e.load("%A", f.add_i64(j0, e.a_row(f.add_i64(i0, ii))), lanes)
-                if ii < rows
-                else "zeroinitializer"
-                for ii in range(lanes)
-            ]
-            return [e.apply(column) for column in e.transpose(vectors)]
-
-        def joined(before: str, after: str, jj: int) -> str:
-            return f.assign(
-                f"call {e.vt} {self.permute}({e.vt} {before}, {self.index_type} {indices[jj]}, "
-                f"{e.vt} {after})",
-                "v",
-            )
-
-        def masked_store(value: str, offset: Size, bits: str) -> None:
-            # not inbounds: a line-aligned vector may start before B (its first column)
-            pointer = f.assign(f"getelementptr {e.t}, ptr %B, i64 {offset}", "p")
-            narrow = f.assign(f"trunc i64 {bits} to {mask_type}", "m")
-            mask = f.assign(f"bitcast {mask_type} {narrow} to <{lanes} x i1>", "m")
-            f.emit(
-                f"call void @llvm.masked.store.{e.suffix}.p0({e.vt} {value}, ptr {pointer}, "
-                f"i32 {size}, <{lanes} x i1> {mask})"
-            )
-
-        def prefix_bits(count: str) -> str:  # lanes [0, count), count in [1, lanes]
-            high = f.assign(f"shl i64 1, {count}", "m")
-            return f.assign(f"sub i64 {high}, 1", "m")
-
-        head = transposed(0, lanes)
-        for jj in range(lanes):
-            on_line = f.assign(f"icmp eq i64 {shifts[jj]}, 0", "c")
-
-            def whole(jj: int = jj) -> None:
-                e.store(head[jj], "%B", at(jj, 0), lanes, streamed=True)
-
-            def part(jj: int = jj) -> None:
-                # lanes [shift, lanes) of the line-aligned vector holding the column's start
-                low = f.assign(f"shl i64 -1, {shifts[jj]}", "m")
-                offset = f.assign(f"sub i64 {at(jj, 0)}, {shifts[jj]}", "i")
-                masked_store(joined("zeroinitializer", head[jj], jj), offset, low)
-
-            f.when(on_line, whole, part)
-
-        def steady(b: str, before: list[str]) -> list[str]:
-            i0 = f.add_i64(f.mul_i64(b, lanes), lanes)
-            after = transposed(i0, lanes)
-            for jj in range(lanes):
-                offset = f.assign(f"sub i64 {at(jj, i0)}, {shifts[jj]}", "i")
-                e.store(joined(before[jj], after[jj], jj), "%B", offset, lanes, streamed=True)
-            return after
-
-        last = head
-        if blocks > 1:
-            last = f.loop(blocks - 1, [(e.vt, v) for v in head], steady, "down")
-        end = transposed(blocks * lanes, tail) if tail else ["zeroinitializer"] * lanes
-        for jj in range(lanes):
-            # rows from blocks * lanes - shift to the end: shift + tail of them
-            left = f.assign(f"add i64 {shifts[jj]}, {tail}", "i")
-            offset = f.assign(f"sub i64 {at(jj, blocks * lanes)}, {shifts[jj]}", "i")
-            value = joined(last[jj], end[jj], jj)
-            if not tail:  # fewer than lanes left, none at all without a shift
-                some = f.assign(f"icmp ne i64 {left}, 0", "c")
-
-                def some_left(value: str = value, offset: str = offset, left: str = left) -> None:
-                    masked_store(value, offset, prefix_bits(left))
-
-                f.when(some, some_left)
-                continue
-            first = f.assign(f"call i64 @llvm.smin.i64(i64 {left}, i64 {lanes})", "i")
-            masked_store(value, offset, prefix_bits(first))
-            spill = f.assign(f"icmp ugt i64 {left}, {lanes}", "c")
-
-            def rest(jj: int = jj, offset: str = offset, left: str = left) -> None:
-                count = f.assign(f"sub i64 {left}, {lanes}", "i")
-                value = joined(end[jj], "zeroinitializer", jj)
-                masked_store(value, f.add_i64(offset, lanes), prefix_bits(count))
-
-            f.when(spill, rest)
+        columns = _ShiftedColumns(self)
+        spec = self.spec
+        wide = min(spec.m, spec.n) * spec.itemsize >= ACROSS_BYTES
+        if wide and spec.n * self.vector_bytes <= ACROSS_BUFFER_BYTES:
+            columns.across()
+        else:
+            columns.down()
 
     # ---- traversal ------------------------------------------------------------------------------
     def emit(self) -> None:
@@ -532,6 +423,231 @@ class _Transpose:
 
         self.for_range(self.tiles(cols.count, tile), tile_column, "tj")
         tails()
+
+
+class _ShiftedColumns:
+    """The traversals of :meth:`_Transpose.shifted_columns` and what they share."""
+
+    def __init__(self, transpose: _Transpose) -> None:
+        self.t = transpose
+        e, f, spec, lanes = transpose.e, transpose.f, transpose.spec, transpose.lanes
+        self.e, self.f, self.spec, self.lanes = e, f, spec, lanes
+        size = spec.itemsize
+        kind = "ps" if size == 4 else "pd"
+        self.index_type = f"<{lanes} x i{8 * size}>"
+        # 64-byte vectors are AVX-512's, whose two-source permute takes run-time indices
+        self.permute = f"@llvm.x86.avx512.vpermi2var.{kind}.512"
+        e.module.declare(
+            f"vpermi2var.{kind}",
+            f"declare {e.vt} {self.permute}({e.vt}, {self.index_type}, {e.vt})",
+        )
+        self.blocks, self.tail = divmod(spec.m, lanes)
+        self.shifts: list[str] = []
+        self.indices: list[str] = []
+
+    def column_shifts(self, j0: Size) -> None:
+        """The shifts (and permute indices) of columns ``j0 .. j0 + lanes - 1``, from
+        column ``j0``'s: the same for every ``j0`` that is a multiple of ``lanes``."""
+        f, spec, lanes = self.f, self.spec, self.lanes
+        size = spec.itemsize
+        step = spec.ldb % lanes  # lanes * size is a line
+        start = f.gep(self.e.t, "%B", f.mul_i64(j0, spec.ldb))
+        misaligned = f.misaligned_bytes(start, LINE_BYTES)
+        first = f.assign(f"lshr i64 {misaligned}, {size.bit_length() - 1}", "s")
+        self.shifts, self.indices = [], []
+        iota = "<" + ", ".join(f"i{8 * size} {t}" for t in range(lanes)) + ">"
+        for jj in range(lanes):
+            shift = f.assign(f"add i64 {first}, {jj * step}", "s")
+            shift = f.assign(f"and i64 {shift}, {lanes - 1}", "s")
+            self.shifts.append(shift)
+            # lane t of the joined vector is lane lanes - shift + t of (above, below)
+            index = f.assign(f"sub i64 {lanes}, {shift}", "s")
+            if size == 4:
+                index = f.assign(f"trunc i64 {index} to i32", "s")
+            one = f.assign(
+                f"insertelement {self.index_type} undef, i{8 * size} {index}, i64 0", "x"
+            )
+            splat = f.assign(
+                f"shufflevector {self.index_type} {one}, {self.index_type} undef, "
+                f"<{lanes} x i32> zeroinitializer",
+                "x",
+            )
+            self.indices.append(f.assign(f"add {self.index_type} {splat}, {iota}", "x"))
+
+    # ---- pieces ---------------------------------------------------------------------------------
+    def joined(self, above: str, below: str, jj: int) -> str:
+        e = self.e
+        return self.f.assign(
+            f"call {e.vt} {self.permute}({e.vt} {above}, {self.index_type} "
+            f"{self.indices[jj]}, {e.vt} {below})",
+            "v",
+        )
+
+    def at(self, j0: Size, jj: int, row: Size) -> str:
+        """The element offset of row ``row - shift`` of column ``j0 + jj``."""
+        f = self.f
+        column = f.add_i64(row, f.mul_i64(f.add_i64(j0, jj), self.spec.ldb))
+        return f.assign(f"sub i64 {column}, {self.shifts[jj]}", "i")
+
+    def masked_store(self, value: str, offset: str, bits: str) -> None:
+        e, f, lanes = self.e, self.f, self.lanes
+        # not inbounds: a line-aligned vector may start before B (its first column)
+        pointer = f.assign(f"getelementptr {e.t}, ptr %B, i64 {offset}", "p")
+        narrow = f.assign(f"trunc i64 {bits} to i{lanes}", "m")
+        mask = f.assign(f"bitcast i{lanes} {narrow} to <{lanes} x i1>", "m")
+        f.emit(
+            f"call void @llvm.masked.store.{e.suffix}.p0({e.vt} {value}, ptr {pointer}, "
+            f"i32 {self.spec.itemsize}, <{lanes} x i1> {mask})"
+        )
+
+    def prefix_bits(self, count: str) -> str:  # lanes [0, count), count in [1, lanes]
+        high = self.f.assign(f"shl i64 1, {count}", "m")
+        return self.f.assign(f"sub i64 {high}, 1", "m")
+
+    def transposed(self, i0: Size, j0: Size, rows: int, cols: int) -> list[str]:
+        e, f = self.e, self.f
+        vectors = [
+            e.load("%A", f.add_i64(j0, e.a_row(f.add_i64(i0, ii))), cols)
+            if ii < rows
+            else "zeroinitializer"
+            for ii in range(self.lanes)
+        ]
+        return [e.apply(column) for column in e.transpose(vectors)]
+
+    def each_block_of_columns(self, body: Callable[[Size, int], None]) -> None:
+        """``body(j0, cols)`` for every block of columns, the last one partial."""
+        whole, rest = divmod(self.spec.n, self.lanes)
+        self.t.for_range(whole, lambda jb: body(self.f.mul_i64(jb, self.lanes), self.lanes), "jb")
+        if rest:
+            body(whole * self.lanes, rest)
+
+    def head(self, below: str, j0: Size, jj: int) -> None:
+        """A column's first vector (rows ``-shift`` to ``lanes - shift``)."""
+        f, lanes = self.f, self.lanes
+        on_line = f.assign(f"icmp eq i64 {self.shifts[jj]}, 0", "c")
+
+        def whole() -> None:
+            self.e.store(below, "%B", self.at(j0, jj, 0), lanes, streamed=True)
+
+        def part() -> None:
+            # lanes [shift, lanes) of the line-aligned vector holding the column's start
+            low = f.assign(f"shl i64 -1, {self.shifts[jj]}", "m")
+            self.masked_store(self.joined("zeroinitializer", below, jj), self.at(j0, jj, 0), low)
+
+        f.when(on_line, whole, part)
+
+    def middle(self, above: str, below: str, j0: Size, jj: int, i0: Size) -> None:
+        value = self.joined(above, below, jj)
+        self.e.store(value, "%B", self.at(j0, jj, i0), self.lanes, streamed=True)
+
+    def end(self, above: str, below: str, j0: Size, jj: int) -> None:
+        """A column's last rows, from ``blocks * lanes - shift``: ``shift + tail`` of them
+        (``below`` holds the tail's rows)."""
+        f, lanes, tail = self.f, self.lanes, self.tail
+        left = f.assign(f"add i64 {self.shifts[jj]}, {tail}", "i")
+        offset = self.at(j0, jj, self.blocks * lanes)
+        value = self.joined(above, below, jj)
+        if not tail:  # fewer than lanes left, none at all without a shift
+            some = f.assign(f"icmp ne i64 {left}, 0", "c")
+            f.when(some, lambda: self.masked_store(value, offset, self.prefix_bits(left)))
+            return
+        count = f.assign(f"call i64 @llvm.smin.i64(i64 {left}, i64 {lanes})", "i")
+        self.masked_store(value, offset, self.prefix_bits(count))
+        spill = f.assign(f"icmp ugt i64 {left}, {lanes}", "c")
+
+        def rest() -> None:
+            count = f.assign(f"sub i64 {left}, {lanes}", "i")
+            value = self.joined(below, "zeroinitializer", jj)
+            self.masked_store(value, str(f.add_i64(offset, lanes)), self.prefix_bits(count))
+
+        f.when(spill, rest)
+
+    def tail_rows(self, j0: Size, cols: int) -> list[str]:
+        if self.tail:
+            return self.transposed(self.blocks * self.lanes, j0, self.tail, cols)
+        return ["zeroinitializer"] * self.lanes
+
+    # ---- traversals ---------------------------------------------------------------------------
+    def down(self) -> None:
+        """One block of columns at a time, down the columns; the last block is clamped inside
+        B (its overlapping columns get the same values again), which ran faster than a
+        partial block (ijkl->ljki 45^4 FP32: 0.7-0.8x with a partial one)."""
+        e, f, spec, lanes = self.e, self.f, self.spec, self.lanes
+
+        def block_of_columns(jb: str) -> None:
+            j0 = f.umin_i64(f.mul_i64(jb, lanes), spec.n - lanes)
+            cols = lanes  # the last block clamped, never partial
+            self.column_shifts(j0)
+            first = self.transposed(0, j0, lanes, cols)
+            for jj in range(cols):
+                self.head(first[jj], j0, jj)
+
+            def steady(b: str, above: list[str]) -> list[str]:
+                i0 = f.add_i64(f.mul_i64(b, lanes), lanes)
+                below = self.transposed(i0, j0, lanes, cols)
+                for jj in range(cols):
+                    self.middle(above[jj], below[jj], j0, jj, i0)
+                return below
+
+            last = first
+            if self.blocks > 1:
+                last = f.loop(self.blocks - 1, [(e.vt, v) for v in first], steady, "down")
+            below = self.tail_rows(j0, cols)
+            for jj in range(cols):
+                self.end(last[jj], below[jj], j0, jj)
+
+        f.range_loop(0, -(-spec.n // lanes), block_of_columns, "jb")
+
+    def across(self) -> None:
+        """Rows of blocks, each along A's rows; the block above's columns in a buffer."""
+        e, f, spec, lanes = self.e, self.f, self.spec, self.lanes
+        carry = f.tmp("carry")
+        f.entry_alloca(f"{carry} = alloca [{spec.n} x {e.vt}], align {LINE_BYTES}")
+        self.column_shifts(0)
+
+        def slot(j0: Size, jj: int) -> str:
+            return f.assign(
+                f"getelementptr inbounds [{spec.n} x {e.vt}], ptr {carry}, i64 0, "
+                f"i64 {f.add_i64(j0, jj)}",
+                "p",
+            )
+
+        def keep(value: str, j0: Size, jj: int) -> None:
+            f.emit(f"store {e.vt} {value}, ptr {slot(j0, jj)}, align {LINE_BYTES}")
+
+        def kept(j0: Size, jj: int) -> str:
+            return f.assign(f"load {e.vt}, ptr {slot(j0, jj)}, align {LINE_BYTES}", "v")
+
+        def head(j0: Size, cols: int) -> None:
+            below = self.transposed(0, j0, lanes, cols)
+            for jj in range(cols):
+                self.head(below[jj], j0, jj)
+                keep(below[jj], j0, jj)
+
+        def row_of_blocks(i0: Size) -> Callable[[Size, int], None]:
+            def block(j0: Size, cols: int) -> None:
+                below = self.transposed(i0, j0, lanes, cols)
+                for jj in range(cols):
+                    self.middle(kept(j0, jj), below[jj], j0, jj, i0)
+                    keep(below[jj], j0, jj)
+
+            return block
+
+        def end(j0: Size, cols: int) -> None:
+            below = self.tail_rows(j0, cols)
+            for jj in range(cols):
+                self.end(kept(j0, jj), below[jj], j0, jj)
+
+        self.each_block_of_columns(head)
+        if self.blocks > 1:
+            self.t.for_range(
+                self.blocks - 1,
+                lambda b: self.each_block_of_columns(
+                    row_of_blocks(f.add_i64(f.mul_i64(b, lanes), lanes))
+                ),
+                "down",
+            )
+        self.each_block_of_columns(end)
 
 
 def emit_transposed(emitter: _UnaryEmitter, streamed: bool = False) -> None:
