@@ -77,6 +77,10 @@ PERMUTATIONS: list[tuple[str, str, dict[str, int]]] = [
     ("ijklm->ikmjl", "ijklm->ikmjl", {c: 24 for c in "ijklm"}),
     ("abcdef->fedcba", "abcdef->fedcba", {c: 12 for c in "abcdef"}),
     ("abcdef->acebdf", "abcdef->acebdf", {c: 12 for c in "abcdef"}),
+    # awkward sizes: rows no whole number of cache lines, primes
+    ("ij->ji 3001x1999", "ij->ji", {"i": 3001, "j": 1999}),
+    ("ijk->kji 150^3", "ijk->kji", {"i": 150, "j": 150, "k": 150}),
+    ("ijkl->ljki odd", "ijkl->ljki", {"i": 37, "j": 41, "k": 43, "l": 47}),
 ]
 
 
