@@ -268,18 +268,6 @@ class FunctionBuilder:
         )
         self.start_block(exit_label)
 
-    def switch(self, value: str, cases: Sequence[Callable[[], None]], hint: str = "sw") -> None:
-        """``cases[value]()`` for an i64 ``value`` known to lie in ``range(len(cases))``."""
-        labels = [self.label(f"{hint}.{k}") for k in range(len(cases))]
-        done = self.label(f"{hint}.done")
-        targets = " ".join(f"i64 {k}, label %{label}" for k, label in enumerate(labels) if k)
-        self.emit(f"switch i64 {value}, label %{labels[0]} [{targets}]")
-        for label, case in zip(labels, cases):
-            self.start_block(label)
-            case()
-            self.emit(f"br label %{done}")
-        self.start_block(done)
-
     def when(
         self,
         condition: str,
