@@ -56,7 +56,7 @@ SHIFT_BLOCKS = 8
 
 # shifted columns at least this long, from rows of A at least this long, are crossed in rows of
 # blocks (_Transpose.shifted_columns)
-ACROSS_BYTES = 512
+ACROSS_BYTES = 256
 # the most stack that buffer of one vector per column may take (well within what runs
 # unchecked: teir.runtime.stack.UNCHECKED_BYTES); wider tiles go down the columns
 ACROSS_BUFFER_BYTES = 32 * 1024
@@ -300,8 +300,9 @@ class _Transpose:
         vector per column; otherwise (either under ACROSS_BYTES) the tile goes down one
         block of columns at a time, its columns carried in registers (FP32, 2 threads, in
         one process: ij->ji 4001 x 2999 in 400 x 176 tiles 1.23x across, 3000^2 1.34x,
-        ijk->kji 150^3 1.33x; ijkl->ljki 37x41x43x47, 37 x 47 tiles, 0.2-0.6x across, 45^4 in
-        runs, 225 x 45 tiles, 0.8x).
+        ijk->kji 150^3 1.33x, 97x301x257 in 97 x 257 tiles 1.36x; ijkl->ljki 37x41x43x47,
+        37 x 47 tiles, 0.2-0.6x across, 45^4 in runs, 225 x 45 tiles, 0.8x; with 128 bytes
+        as the bound, ljki and lkji at 37x41x43x47 0.63-0.67x).
 
         Without it a misaligned transpose between buffers in memory stored every line
         normally, each read for ownership first, scattered across the output (ij->ji
