@@ -19,6 +19,10 @@ Two things decide its speed more than the shuffles do (measured on Zen 4, 512² 
   crossed in rows of blocks instead, each along A's rows, with A's grid left unshifted: A is
   then read a few whole lines at a time from `lanes` rows, its split lines used at once.
 
+Columns of B that lie no whole number of lines apart cannot share one shifted grid; a tile of
+a loop nest that goes around the caches then shifts each column on its own (one two-source
+permute per vector: :meth:`_Transpose.shifted_columns`).
+
 Edges: along A's columns, the first and last blocks of a shifted grid are full blocks moved
 inwards to the bounds (``clamp(offset + k * lanes, 0, extent - lanes)``), overlapping their
 neighbours. Writing an element of B twice with the same value is harmless (A and B never
