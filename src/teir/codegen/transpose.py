@@ -211,8 +211,7 @@ class _Transpose:
         high = f.assign(f"shl i64 1, {within}", "i")
         low = f.assign(f"shl i64 1, {before}", "i")
         bits = f.assign(f"sub i64 {high}, {low}", "i")  # lanes [before, within)
-        bits = f.assign(f"trunc i64 {bits} to i{lanes}", "i")
-        mask = f.assign(f"bitcast i{lanes} {bits} to <{lanes} x i1>", "m")
+        mask = self.lane_mask(bits)
         vectors = []
         for ii in range(lanes):
             row = f.assign(f"add i64 {i0}, {ii}", "i")
@@ -222,12 +221,24 @@ class _Transpose:
         columns = e.transpose(vectors)
         for jj in range(cols):
             offset = f.add_i64(i0, f.mul_i64(f.add_i64(j0, jj), spec.ldb))
-            # not inbounds: the masked vector may start before B
-            pointer = f.assign(f"getelementptr {e.t}, ptr %B, i64 {offset}", "p")
-            f.emit(
-                f"call void @llvm.masked.store.{e.suffix}.p0({e.vt} {e.apply(columns[jj])}, "
-                f"ptr {pointer}, i32 {spec.itemsize}, <{lanes} x i1> {mask})"
-            )
+            self.masked_store(e.apply(columns[jj]), offset, mask)
+
+    def lane_mask(self, bits: str) -> str:
+        """The lane mask whose lane t is bit t of the i64 ``bits``."""
+        f, lanes = self.f, self.lanes
+        narrow = f.assign(f"trunc i64 {bits} to i{lanes}", "m")
+        return f.assign(f"bitcast i{lanes} {narrow} to <{lanes} x i1>", "m")
+
+    def masked_store(self, value: str, offset: Size, mask: str) -> None:
+        """Store the lanes of ``value`` that ``mask`` (a run-time mask) selects at B plus
+        ``offset`` elements, a vector that may start before B (so the address is not
+        inbounds) but stays within the aligned vector holding one of B's elements."""
+        e, f = self.e, self.f
+        pointer = f.assign(f"getelementptr {e.t}, ptr %B, i64 {offset}", "p")
+        f.emit(
+            f"call void @llvm.masked.store.{e.suffix}.p0({e.vt} {value}, ptr {pointer}, "
+            f"i32 {self.spec.itemsize}, <{self.lanes} x i1> {mask})"
+        )
 
     def inner_block(self, i0: Size, j0: Size, rows: int, cols: int, aligned: bool) -> None:
         """A block within the bounds; ``aligned``: B's vectors are known to lie on vector
@@ -495,15 +506,9 @@ class _ShiftedColumns:
         return f.assign(f"sub i64 {column}, {self.shifts[jj]}", "i")
 
     def masked_store(self, value: str, offset: str, bits: str) -> None:
-        e, f, lanes = self.e, self.f, self.lanes
-        # not inbounds: a line-aligned vector may start before B (its first column)
-        pointer = f.assign(f"getelementptr {e.t}, ptr %B, i64 {offset}", "p")
-        narrow = f.assign(f"trunc i64 {bits} to i{lanes}", "m")
-        mask = f.assign(f"bitcast i{lanes} {narrow} to <{lanes} x i1>", "m")
-        f.emit(
-            f"call void @llvm.masked.store.{e.suffix}.p0({e.vt} {value}, ptr {pointer}, "
-            f"i32 {self.spec.itemsize}, <{lanes} x i1> {mask})"
-        )
+        """Store the lanes of ``value`` that the i64 ``bits`` select (a line-aligned vector
+        may start before B: its first column)."""
+        self.t.masked_store(value, offset, self.t.lane_mask(bits))
 
     def prefix_bits(self, count: str) -> str:  # lanes [0, count), count in [1, lanes]
         high = self.f.assign(f"shl i64 1, {count}", "m")
@@ -580,25 +585,25 @@ class _ShiftedColumns:
         e, f, spec, lanes = self.e, self.f, self.spec, self.lanes
 
         def block_of_columns(jb: str) -> None:
+            # the last block clamped, never partial
             j0 = f.umin_i64(f.mul_i64(jb, lanes), spec.n - lanes)
-            cols = lanes  # the last block clamped, never partial
             self.column_shifts(j0)
-            first = self.transposed(0, j0, lanes, cols)
-            for jj in range(cols):
+            first = self.transposed(0, j0, lanes, lanes)
+            for jj in range(lanes):
                 self.head(first[jj], j0, jj)
 
             def steady(b: str, above: list[str]) -> list[str]:
                 i0 = f.add_i64(f.mul_i64(b, lanes), lanes)
-                below = self.transposed(i0, j0, lanes, cols)
-                for jj in range(cols):
+                below = self.transposed(i0, j0, lanes, lanes)
+                for jj in range(lanes):
                     self.middle(above[jj], below[jj], j0, jj, i0)
                 return below
 
             last = first
             if self.blocks > 1:
                 last = f.loop(self.blocks - 1, [(e.vt, v) for v in first], steady, "down")
-            below = self.tail_rows(j0, cols)
-            for jj in range(cols):
+            below = self.tail_rows(j0, lanes)
+            for jj in range(lanes):
                 self.end(last[jj], below[jj], j0, jj)
 
         f.range_loop(0, -(-spec.n // lanes), block_of_columns, "jb")

@@ -29,7 +29,7 @@ from teir.codegen.target import Target
 from teir.frontend.einsum_parse import EinsumError, Subscripts, numpy_subscripts
 from teir.frontend.lane_plan import lane_spec
 from teir.frontend.split_reduction import SplitReduction
-from teir.ir import Config
+from teir.ir import Config, DataType
 from teir.lower.tiles import TileOp, copy_outgrows_cache
 from teir.optimizer import optimize_with_log
 from teir.runtime.lane_operation import LaneOperation, compile_lanes
@@ -496,7 +496,7 @@ def regions(
     4001 x 2999 FP32 ran as one tile on one thread), while a copy within the caches runs
     well as one tile and would pay a call per region.
     """
-    itemsize = 4 if fields["data_type"] == "FP32" else 8
+    itemsize = DataType(fields["data_type"]).itemsize
     splits = binary or copy_outgrows_cache(prod(fields["dim_sizes"]), itemsize)
     pieces: list[list[tuple[int, int]]] = []
     for dim_type, size in zip(fields["dim_types"], fields["dim_sizes"]):
