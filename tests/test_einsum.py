@@ -555,6 +555,58 @@ def test_sizes_without_good_divisors_run_in_regions(subscripts, sizes):
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(
+    ("subscripts", "sizes"),
+    [
+        ("ij,jk->ik", {"i": 37, "j": 1009, "k": 45}),
+        ("ki,kj->ij", {"i": 19, "j": 33, "k": 1031}),
+        ("ijl,jkl->ki", {"i": 6, "j": 1013, "k": 21, "l": 3}),
+    ],
+)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_long_sums_without_good_divisors_run_in_regions_that_add_up(
+    subscripts, sizes, dtype, threads
+):
+    """A long K with no good divisor is cut into a main part and a thin rest that adds into
+    what the main part wrote: only the first part zeroes the output (unless accumulating) and
+    only the last applies the ReLU, to the whole sum (a ReLU per part fails this: the parts'
+    sums of values in [-1, 1] are often negative)."""
+    from teir.frontend.einsum import clear_plans
+
+    clear_plans()
+    shapes = [[sizes[c] for c in term] for term in subscripts.split("->")[0].split(",")]
+    ops = operands(shapes, dtype)
+    plan = teir.einsum_plan(subscripts, *ops, threads=threads)
+    assert len(plan.regions) == 2 and "partial tiles" in plan.explain()
+    # the rest adds into the main part's output: only the main part zeroes it
+    firsts = [r.operation.config.prim_first for r in plan.regions]
+    assert firsts == [teir.PrimFirst.ZERO, teir.PrimFirst.NONE]
+    check(subscripts, ops, threads=threads)
+    exact = np.einsum(subscripts, *[o.astype(np.float64) for o in ops])
+    tolerance = 1e-4 if dtype == np.float32 else 1e-11
+    for accumulate in (False, True):
+        base = RNG.uniform(-1, 1, (2 * exact.shape[0], exact.shape[1])).astype(dtype)
+        out = base[::2]  # a strided view
+        start, between = out.copy(), base[1::2].copy()
+        got = teir.einsum(
+            subscripts, *ops, out=out, accumulate=accumulate, relu=True, threads=threads
+        )
+        assert got is out
+        expected = np.maximum(exact + (start if accumulate else 0), 0)
+        np.testing.assert_allclose(out, expected, rtol=tolerance, atol=tolerance)
+        np.testing.assert_array_equal(base[1::2], between)
+    clear_plans()
+
+
+def test_long_sums_along_both_unit_strides_stay_whole():
+    """Dot products along K stream any K: such a K is not cut into regions."""
+    ops = operands([(9, 1009), (7, 1009)], np.float32)
+    plan = teir.einsum_plan("ik,jk->ij", *ops)
+    assert len(plan.regions) == 1
+    check("ik,jk->ij", ops)
+
+
 @pytest.mark.parametrize("in_memory", [False, True])
 def test_permutations_in_memory_without_good_divisors_run_in_regions(monkeypatch, in_memory):
     """A permutation between buffers in memory whose sizes have no good divisor (primes) is

@@ -482,6 +482,16 @@ SHORT_DEPTH_GAIN = 4
 # Output axes longer than this with no divisor in the block range are split.
 SPLIT_ABOVE = 320
 SPLIT_MULTIPLE = 16
+# ... and K axes longer than this, unless they run along both inputs' unit stride. A K with no
+# good divisor keeps a GEMM from cutting it into batch-reduce steps, so the kernel's operand
+# panels span all of K and outgrow the caches; its main part and the thin rest then run as
+# two regions adding into the same output. One thread, main vs whole (FP32, FP64):
+# ij,jk->ik 97 x 4099 x 1000 2.4x, 3.7x; 1601^3 1.2x; 256 x 2003 x 256 1.8x, 2.6x;
+# ki,kj->ij 500 x 500 x 4099 2.0x. Below, the rest's extra pass over the output costs more
+# than the panels gain (K 331 at 2000^2 FP32 0.89x; K 1009 at 1000^2 0.98x, 2000^2 1.22x);
+# along both unit strides the kernel's dot products stream any K (ik,jk->ij FP64 K 1601
+# at 1000^2 0.87x).
+K_SPLIT_ABOVE = 1000
 
 
 def regions(
@@ -490,8 +500,10 @@ def regions(
     """The configuration's fields for each region, with its offsets into (in0, in1, out).
 
     An output axis (C, M or N) whose size has no divisor between 16 and SPLIT_ABOVE is split
-    into a multiple of 16, which tiles well, and the thin rest. Regions write disjoint parts of
-    the output, so each keeps the first/last primitives. Permutations are split only between
+    into a multiple of 16, which tiles well, and the thin rest. Regions along output axes write
+    disjoint parts of the output, so each keeps the first/last primitives; a K axis beyond
+    K_SPLIT_ABOVE is split alike, its rest adding into what its main part wrote (the rest
+    runs later, without the Zero, and only it applies the ReLU). Permutations are split only between
     buffers in memory: there tiles decide the traffic and give threads loops to share (ij->ji
     4001 x 2999 FP32 ran as one tile on one thread), while a copy within the caches runs
     well as one tile and would pay a call per region.
@@ -499,9 +511,11 @@ def regions(
     itemsize = DataType(fields["data_type"]).itemsize
     splits = binary or copy_outgrows_cache(prod(fields["dim_sizes"]), itemsize)
     pieces: list[list[tuple[int, int]]] = []
-    for dim_type, size in zip(fields["dim_types"], fields["dim_sizes"]):
+    for index, (dim_type, size) in enumerate(zip(fields["dim_types"], fields["dim_sizes"])):
+        unit_in_both = fields["strides_in0"][index] == 1 == fields["strides_in1"][index]
         whole = [(0, size)]
-        if not splits or dim_type == "K" or size <= SPLIT_ABOVE:
+        least = K_SPLIT_ABOVE if dim_type == "K" else SPLIT_ABOVE
+        if not splits or size <= least or (dim_type == "K" and unit_in_both):
             pieces.append(whole)
             continue
         if any(size % d == 0 for d in range(16, SPLIT_ABOVE + 1)):
@@ -509,9 +523,21 @@ def regions(
             continue
         main = size - size % SPLIT_MULTIPLE
         pieces.append([(0, main), (main, size - main)])
+    split_k = [
+        index
+        for index, dim_type in enumerate(fields["dim_types"])
+        if dim_type == "K" and len(pieces[index]) > 1
+    ]
     result = []
     for choice in product(*pieces):
         region = dict(fields, dim_sizes=[length for _, length in choice])
+        # K pieces add into the same output, in order (the product runs a region's K pieces
+        # one after another, the first before the rest): only the first writes it (Zero),
+        # only the last applies the ReLU, to the whole sum.
+        if any(choice[index] != pieces[index][0] for index in split_k):
+            region["prim_first"] = "None"
+        if any(choice[index] != pieces[index][-1] for index in split_k):
+            region["prim_last"] = "None"
         offsets = tuple(
             sum(start * stride for (start, _), stride in zip(choice, fields[name]))
             for name in ("strides_in0", "strides_in1", "strides_out")
