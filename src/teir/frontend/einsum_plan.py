@@ -482,15 +482,15 @@ SHORT_DEPTH_GAIN = 4
 # Output axes longer than this with no divisor in the block range are split.
 SPLIT_ABOVE = 320
 SPLIT_MULTIPLE = 16
-# ... and K axes longer than this, unless they run along both inputs' unit stride. A K with no
-# good divisor keeps a GEMM from cutting it into batch-reduce steps, so the kernel's operand
-# panels span all of K and outgrow the caches; its main part and the thin rest then run as
-# two regions adding into the same output. One thread, main vs whole (FP32, FP64):
-# ij,jk->ik 97 x 4099 x 1000 2.4x, 3.7x; 1601^3 1.2x; 256 x 2003 x 256 1.8x, 2.6x;
-# ki,kj->ij 500 x 500 x 4099 2.0x. Below, the rest's extra pass over the output costs more
-# than the panels gain (K 331 at 2000^2 FP32 0.89x; K 1009 at 1000^2 0.98x, 2000^2 1.22x);
-# along both unit strides the kernel's dot products stream any K (ik,jk->ij FP64 K 1601
-# at 1000^2 0.87x).
+# ... and K axes longer than this. A K with no good divisor keeps a GEMM from cutting it into
+# batch-reduce steps, so the kernel's operand panels span all of K and outgrow the caches;
+# its main part and the thin rest then run as two regions adding into the same output. One
+# thread, regions against the whole K (FP32, FP64): ij,jk->ik 97 x 4099 x 1000 2.4x, 3.7x;
+# 1601^3 1.2x; 256 x 2003 x 256 1.8x, 2.6x; ki,kj->ij 500 x 500 x 4099 2.0x; ik,jk->ij
+# 1999 x 97 x 2003 1.6x, 1.7x, 500 x 500 x 4099 2.2x, 2.6x, 1000^2 x 1601 1.7x, 0.87x (the
+# one loss: there a GEMM over all of K beats the batch-reduce of K 1600 itself). Below, the
+# rest's extra pass over the output costs more than the panels gain (K 331 at 2000^2 FP32
+# 0.89x; K 1009 at 1000^2 0.98x, at 2000^2 1.22x).
 K_SPLIT_ABOVE = 1000
 
 
@@ -511,11 +511,10 @@ def regions(
     itemsize = DataType(fields["data_type"]).itemsize
     splits = binary or copy_outgrows_cache(prod(fields["dim_sizes"]), itemsize)
     pieces: list[list[tuple[int, int]]] = []
-    for index, (dim_type, size) in enumerate(zip(fields["dim_types"], fields["dim_sizes"])):
-        unit_in_both = fields["strides_in0"][index] == 1 == fields["strides_in1"][index]
+    for dim_type, size in zip(fields["dim_types"], fields["dim_sizes"]):
         whole = [(0, size)]
         least = K_SPLIT_ABOVE if dim_type == "K" else SPLIT_ABOVE
-        if not splits or size <= least or (dim_type == "K" and unit_in_both):
+        if not splits or size <= least:
             pieces.append(whole)
             continue
         if any(size % d == 0 for d in range(16, SPLIT_ABOVE + 1)):
