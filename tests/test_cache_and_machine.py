@@ -179,3 +179,34 @@ def test_copies_beyond_a_cores_l2_are_planned_in_memory(monkeypatch):
     monkeypatch.setattr(tiles, "l3_share", lambda: 1 << 20)
     assert tiles.copy_outgrows_cache(1 << 18, 4)
     assert not tiles.copy_outgrows_cache(1 << 17, 4)
+
+
+FAR_APART = """
+import numpy as np, teir
+reserved = []
+for n in range(3, 60):
+    for subscripts, a, b in (
+        ("ikb,kjb->ijb", np.random.rand(n, 17, 8), np.random.rand(17, 5, 8)),
+        ("bik,bkj->bij", np.random.rand(3, n, 17), np.random.rand(3, 17, 5)),
+    ):
+        assert np.allclose(teir.einsum(subscripts, a, b, threads=1), np.einsum(subscripts, a, b))
+    try:
+        reserved.append(np.empty(3 << 30, np.uint8))  # address space only: never touched
+    except MemoryError:
+        break
+print(len(reserved))
+"""
+
+
+def test_kernels_load_after_the_process_reserved_much_address_space():
+    """New kernels are loaded while the process holds tens of GiB of (untouched) arrays: with
+    the default code model, MCJIT placed a kernel's code and constants more than 2 GiB apart
+    there, and LLVM aborted the interpreter on the 32-bit relocation between them (3 of 3
+    runs, after 30-50 kernels)."""
+    environment = dict(os.environ, TEIR_CACHE_DIR="")  # compile each kernel here
+    result = subprocess.run(
+        [sys.executable, "-c", FAR_APART], capture_output=True, text=True, env=environment
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    if int(result.stdout) < 20:
+        pytest.skip("this machine does not let a process reserve 60 GiB of address space")

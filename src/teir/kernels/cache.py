@@ -59,6 +59,8 @@ def cache_key(description: str, target: Target) -> str:
         ".".join(map(str, llvm.llvm_version_info)),
         llvmlite.__version__,
         str(jit.OPT_LEVEL),
+        jit.CODE_MODEL,
+        jit.RELOCATION,
         _generator_hash(),
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:40]

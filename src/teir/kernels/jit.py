@@ -15,6 +15,15 @@ import llvmlite.binding as llvm  # type: ignore[import-untyped]
 from teir.codegen.target import Target, initialize_llvm
 
 OPT_LEVEL = 3
+# The large code model, with absolute relocations: every reference between sections is a
+# 64-bit address. MCJIT maps an object's code and constants separately, and once the process
+# holds tens of GiB of address space (large arrays, even untouched) they can land more than
+# 2 GiB apart, where the default model's 32-bit PC-relative references overflow and LLVM
+# aborts the interpreter while loading the kernel. (Position-independent code in the large
+# model addresses through GOT offsets that MCJIT resolved wrongly: a kernel crashed.) Same
+# speed as before on kernels and einsums (in-process alternation, one thread).
+CODE_MODEL = "large"
+RELOCATION = "static"
 _lock = threading.Lock()
 
 
@@ -22,7 +31,11 @@ _lock = threading.Lock()
 def target_machine(target: Target) -> llvm.TargetMachine:
     initialize_llvm()
     machine = llvm.Target.from_triple(target.triple).create_target_machine(
-        cpu=target.cpu, features=target.features, opt=OPT_LEVEL, reloc="pic", codemodel="default"
+        cpu=target.cpu,
+        features=target.features,
+        opt=OPT_LEVEL,
+        reloc=RELOCATION,
+        codemodel=CODE_MODEL,
     )
     return machine
 
