@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from math import prod
 
 import numpy as np
@@ -262,8 +263,10 @@ def test_equal_tiles_prefer_compact_strides():
     expression = teir.contract_expression(
         "abcd,dbef->acef", (32, 32, 32, 32), (32, 32, 32, 32), dtype=np.float32
     )
-    assert "brgemm_f32_64x32x32_b32_nn_64_32_1024" in expression.explain()
-    assert "in1's kernel tile (64 x 32 x batch 32) is packed" in expression.explain()
+    # (the row block, 64 or 128, follows the machine's block targets)
+    text = expression.explain()
+    assert re.search(r"brgemm_f32_(64|128)x32x32_b32_nn_\1_32_1024_", text), text
+    assert re.search(r"in1's kernel tile \((64|128) x 32 x batch 32\) is packed", text), text
 
 
 def test_batch_reduce_axis_keeps_reads_close_together():
