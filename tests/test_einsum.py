@@ -184,6 +184,29 @@ def test_accumulate_and_relu():
     np.testing.assert_allclose(teir.einsum("ij->ji", a, relu=True), np.maximum(a.T, 0))
 
 
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_accumulate_needs_an_out_and_flags_are_booleans(count):
+    """accumulate adds into out: without one it would add into whatever memory a new array
+    held (it returned NaN and 1e6 after a freed array of 1e6); flags of other types are
+    refused rather than read as truthy."""
+    shapes = [(6, 7), (7, 5), (5, 4)][:count]
+    subscripts = ["ij", "ij,jk->ik", "ij,jk,kl->il"][count - 1]
+    ops = operands(shapes)
+    with pytest.raises(teir.EinsumError, match="accumulate=True adds the result to out"):
+        teir.einsum(subscripts, *ops, accumulate=True)
+    expression = teir.contract_expression(subscripts, *shapes, accumulate=True)
+    with pytest.raises(teir.EinsumError, match="pass out="):
+        expression(*ops)
+    out = np.ones(np.einsum(subscripts, *ops).shape)
+    expression(*ops, out=out)
+    np.testing.assert_allclose(out, 1 + np.einsum(subscripts, *ops))
+    for flags in ({"accumulate": "yes", "out": out}, {"relu": None}, {"relu": 1}):
+        with pytest.raises(teir.EinsumError, match="must be True or False"):
+            teir.einsum(subscripts, *ops, **flags)
+    with pytest.raises(teir.EinsumError, match="must be True or False"):
+        teir.contract_expression(subscripts, *shapes, relu="no")
+
+
 def test_zero_sized_dimensions():
     np.testing.assert_array_equal(
         teir.einsum("ij,jk->ik", np.ones((3, 0)), np.ones((0, 2))), np.zeros((3, 2))

@@ -238,6 +238,10 @@ def einsum(
     the operands first; ``order`` and ``casting`` are accepted for compatibility
     (new results are C-ordered). Unlike NumPy, the result is always a new array (never a view).
     """
+    if not (accumulate is False or (accumulate is True and out is not None)) or not (
+        relu is False or relu is True
+    ):
+        _check_flags(out, accumulate, relu)
     # The direct path of a cached plan; with threads=None its key has None, which the
     # entry's alias below answers (the thread count is read when shapes are first planned).
     key = None
@@ -277,6 +281,18 @@ def einsum(
             with _lock:
                 _plans[key] = planned
     return result
+
+
+def _check_flags(out: Any, accumulate: Any, relu: Any) -> None:
+    """``accumulate`` and ``relu`` are booleans, and ``accumulate`` has an ``out`` to add to."""
+    for name, value in (("accumulate", accumulate), ("relu", relu)):
+        if not isinstance(value, (bool, np.bool_)):
+            raise EinsumError(f"{name} must be True or False, got {value!r}")
+    if accumulate and out is None:
+        raise EinsumError(
+            "accumulate=True adds the result to out: pass out= (NumPy's einsum has no "
+            "accumulate; without out, leave it False)"
+        )
 
 
 def _check_threads(threads: Any) -> None:
@@ -476,6 +492,7 @@ class ContractExpression:
         self.plan: Plan | None = None
         self.tree: Any = None
         _check_threads(threads)
+        _check_flags(0, accumulate, relu)
         count = threads or default_threads()
         if len(self.shapes) <= 2:  # plan now, for C-contiguous operands
             arrays = [np.zeros(shape, self.dtype) for shape in self.shapes]
@@ -488,6 +505,8 @@ class ContractExpression:
             self.tree = compile_einsum(self.parsed, arrays, optimize, count, accumulate, relu)[0]
 
     def __call__(self, *operands: Any, out: Any = None) -> Any:
+        if self.accumulate and out is None:
+            _check_flags(out, self.accumulate, self.relu)
         if self.tree is None:  # the checked call einsum would try first
             options = (out is None, self.accumulate, self.relu, self.threads)
             call = _recent.get((self.subscripts, len(operands), *options))

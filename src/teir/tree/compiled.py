@@ -192,6 +192,11 @@ class CompiledTree:
     def _result(self, out: Any) -> tuple[np.ndarray, np.ndarray | None]:
         """(where the root is computed, the user's ``out`` if that is somewhere else)."""
         if out is None:
+            if self.accumulate:  # (an empty array holds whatever memory held before)
+                raise TreeError(
+                    "the tree was compiled with accumulate=True, which adds the result to out: "
+                    "pass out=, or compile it without accumulate"
+                )
             return aligned_empty(self.out_shape, self.dtype), None
         array = out if isinstance(out, np.ndarray) else as_array("out", out)
         if array.shape != self.out_shape or array.dtype != self.dtype:
