@@ -207,6 +207,18 @@ def test_accumulate_needs_an_out_and_flags_are_booleans(count):
         teir.contract_expression(subscripts, *shapes, relu="no")
 
 
+@pytest.mark.parametrize("subscripts", ["ij,jk->ik", "ik->ki"])
+def test_an_out_that_cannot_take_the_result_is_refused_before_planning(subscripts):
+    """A read-only or broadcast out is named as such, not as a schedule that aliases."""
+    ops = operands([(3, 4), (4, 5)] if "," in subscripts else [(5, 3)])
+    with pytest.raises(teir.EinsumError, match="out is read-only"):
+        teir.einsum(subscripts, *ops, out=np.broadcast_to(np.zeros(5), (3, 5)))
+    repeated = np.lib.stride_tricks.as_strided(np.zeros(5), (3, 5), (0, 8))
+    with pytest.raises(teir.EinsumError, match="repeats elements"):
+        teir.einsum(subscripts, *ops, out=repeated)
+    assert issubclass(teir.TeirError, ValueError)
+
+
 def test_zero_sized_dimensions():
     np.testing.assert_array_equal(
         teir.einsum("ij,jk->ik", np.ones((3, 0)), np.ones((0, 2))), np.zeros((3, 2))

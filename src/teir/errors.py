@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 
-class TeirError(Exception):
+class TeirError(ValueError):
     """Base class of every error teir raises for bad input."""
 
 

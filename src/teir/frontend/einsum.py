@@ -203,13 +203,19 @@ def _check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.nda
         raise EinsumError(f"out has shape {out.shape}, the result has shape {shape}")
     if out.dtype != dtype:
         raise EinsumError(f"out has dtype {out.dtype}, the result has dtype {dtype}")
+    _check_writable(out)
+    checked: np.ndarray = out
+    return checked
+
+
+def _check_writable(out: np.ndarray) -> None:
+    """``out`` can take a result: checked before planning, which would otherwise see an
+    aliasing output and refuse to schedule it."""
     if not out.flags.writeable:
-        raise EinsumError("out is read-only")
+        raise EinsumError("out is read-only: pass a writable array")
     for size, stride in zip(out.shape, out.strides):
         if size > 1 and stride == 0 and out.size:
             raise EinsumError("out repeats elements (a broadcast view): pass a real array")
-    checked: np.ndarray = out
-    return checked
 
 
 def einsum(
@@ -315,6 +321,7 @@ def _one_or_two(
     out_array = None
     if out is not None:
         out_array = out if isinstance(out, np.ndarray) else as_array("out", out)
+        _check_writable(out_array)
     plan, direct = _plan(subscripts, arrays, out_array, accumulate, relu, threads, split)
     dtype = plan.dtype
     if out_array is not None:
