@@ -127,6 +127,11 @@ MALFORMED = [
     ("[0],[1]->[2]", 9, "neither operand"),  # contraction output id in neither child
     ("[[1,2],[2,3]->[1,3]],[3,4]->[5]", 28, "[5]"),
     ("[[1,2],[2,3]->[1,4]],[3,4]->[1]", 14, "[4]"),
+    ("[\u00b2]", 1, "id"),  # digits other than ASCII's (int() refused '2' as superscript)
+    ("[0,\u0661]", 3, "id"),  # (an Arabic-Indic one was read as id 1)
+    ("[1114111]", 1, "at most 50000"),  # ids become characters
+    ("[0,50001]->[50001,0]", 3, "larger than 50000"),
+    ("[" * 300 + "0]->[0]" + "]->[0]" * 299, 200, "nest more than 200"),  # RecursionError
 ]
 
 
@@ -139,6 +144,17 @@ def test_malformed_strings_point_at_the_error(text, position, fragment):
     assert fragment in message, message
     assert text in message  # the string is quoted on its own line
     assert position_of(caught.value, text) == position
+
+
+def test_a_chain_of_200_nested_permutations_runs():
+    text = "[0,1]->[1,0]"
+    for depth in range(199):
+        text = f"[{text}]->" + ("[0,1]" if depth % 2 == 0 else "[1,0]")
+    tree = teir.EinsumTree.parse(text, [3, 4])
+    assert tree.to_string() == text
+    tree.optimize()
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    np.testing.assert_array_equal(tree.compile(threads=1)(x), x)  # its root lists [0,1]
 
 
 def test_tree_error_is_a_teir_error_and_a_value_error():

@@ -21,6 +21,14 @@ class TreeError(TeirError, ValueError):
     """An einsum tree (string, sizes or tensors) that cannot be evaluated."""
 
 
+# Ids name internal labels (one character each, above Latin-1) and subtrees nest by
+# recursion, in the parser and in every pass over the tree: both are bounded, far beyond any
+# real tree, so that a string cannot exhaust Python's recursion or Unicode.
+MAX_ID = 50_000
+MAX_DEPTH = 200
+DIGITS = "0123456789"
+
+
 def _pointed(text: str, position: int, message: str) -> TreeError:
     position = max(0, min(position, len(text)))
     return TreeError(f"{message} at position {position}:\n  {text}\n  {' ' * position}^")
@@ -31,6 +39,7 @@ class _Parser:
         self.text = text
         self.pos = 0
         self.leaf_count = 0
+        self.depth = 0
 
     def error(self, message: str, position: int | None = None) -> TreeError:
         return _pointed(self.text, self.pos if position is None else position, message)
@@ -60,12 +69,16 @@ class _Parser:
         while True:
             self.skip()
             digits_start = self.pos
-            while self.pos < len(self.text) and self.text[self.pos].isdigit():
+            while self.pos < len(self.text) and self.text[self.pos] in DIGITS:
                 self.pos += 1
             if self.pos == digits_start:
                 found = repr(self.text[self.pos]) if self.pos < len(self.text) else "the end"
                 raise self.error(f"expected an id (a non-negative integer), found {found}")
+            if self.pos - digits_start > len(str(MAX_ID)):
+                raise self.error(f"an id is at most {MAX_ID}", digits_start)
             value = int(self.text[digits_start : self.pos])
+            if value > MAX_ID:
+                raise self.error(f"id {value} is larger than {MAX_ID}", digits_start)
             if value in ids:
                 raise self.error(f"id {value} appears twice in one node", digits_start)
             ids.append(value)
@@ -80,7 +93,11 @@ class _Parser:
         if self.peek() == "[" and self._after_bracket() == "[":
             start = self.pos
             self.expect("[", "'['")
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                raise self.error(f"subtrees nest more than {MAX_DEPTH} deep", start)
             node = self.subtree()
+            self.depth -= 1
             if node.kind is NodeKind.LEAF:
                 raise self.error("a bracketed subtree must contain '->'", start)
             self.expect("]", "']' closing a subtree")
