@@ -67,6 +67,19 @@ def test_run_json(capsys):
     assert report["gflops"] > 0
 
 
+@pytest.mark.parametrize("backend", ["native", "reference"])
+def test_run_refuses_tensors_beyond_the_machines_memory(tmp_path, capsys, backend):
+    """A configuration that validates but whose tensors span terabytes gets an error naming
+    the sizes, not NumPy's MemoryError traceback."""
+    config = json.loads((EXAMPLES / "lab1_gemm.json").read_text())
+    config["dim_sizes"][0] = 2**30  # in0 and out then span 32 TiB and 128 TiB
+    path = tmp_path / "huge.json"
+    path.write_text(json.dumps(config))
+    assert main(["run", str(path), "--backend", backend, "--threads", "1"]) == 1
+    error = capsys.readouterr().err
+    assert "GiB of memory" in error and "reduce dim_sizes" in error and "Traceback" not in error
+
+
 def test_run_check_fails_loudly_on_mismatch(capsys, monkeypatch):
     from teir.cli import run_cmd
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from teir import reference
+from teir.errors import ExecutionError
 from teir.ir import Config, Tensor, load
 
 Executor = Callable[[Any, Any, Any], None]
@@ -95,12 +97,40 @@ def _positive(text: str) -> int:
 
 
 def random_operands(config: Config, seed: int) -> tuple[np.ndarray | None, ...]:
-    """Seeded uniform values in [-1, 1) for every tensor the configuration uses."""
+    """Seeded uniform values in [-1, 1) for every tensor the configuration uses; a clear
+    error, before any allocation, where they would not fit this machine's memory."""
+    itemsize = config.data_type.itemsize
+    extents = {t: config.extent(t) for t in Tensor if config.uses(t)}
+    needed = sum(extents.values()) * itemsize
+    available = _memory_bytes()
+    if available is not None and needed > available:
+        sizes = ", ".join(
+            f"{t.name.lower()} {n * itemsize / 2**30:.3g} GiB" for t, n in extents.items()
+        )
+        raise ExecutionError(
+            f"the configuration's tensors need {needed / 2**30:.3g} GiB ({sizes}), more than "
+            f"this machine's {available / 2**30:.3g} GiB of memory: reduce dim_sizes (or the "
+            "strides, which set how far each tensor extends)"
+        )
     rng = np.random.default_rng(seed)
-    return tuple(
-        rng.uniform(-1.0, 1.0, config.extent(t)).astype(config.dtype) if config.uses(t) else None
-        for t in Tensor
-    )
+    try:
+        return tuple(
+            rng.uniform(-1.0, 1.0, extents[t]).astype(config.dtype) if t in extents else None
+            for t in Tensor
+        )
+    except MemoryError:
+        raise ExecutionError(
+            f"could not allocate the configuration's tensors ({needed / 2**30:.3g} GiB with "
+            "their random values): reduce dim_sizes"
+        ) from None
+
+
+def _memory_bytes() -> int | None:
+    """Physical memory, where the platform says."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def run(args: argparse.Namespace) -> int:
