@@ -219,6 +219,23 @@ def test_an_out_that_cannot_take_the_result_is_refused_before_planning(subscript
     assert issubclass(teir.TeirError, ValueError)
 
 
+def test_temporaries_beyond_the_machines_memory_are_refused_before_allocating(monkeypatch):
+    """A broadcast view of 2^33 elements in a layout no kernel fits is copied whole: beyond
+    the machine's memory that is a clear error, not NumPy's MemoryError (here with the
+    machine's memory set to 4 MiB, so that the check runs on 16 MiB of copies)."""
+    import teir.runtime.scratch as scratch_module
+    from teir.frontend.einsum import clear_plans
+
+    clear_plans()
+    monkeypatch.setattr(scratch_module, "memory_bytes", lambda: 4 << 20)
+    x = np.broadcast_to(np.ones(1), (1 << 20,))
+    with pytest.raises(teir.ExecutionError, match="GiB of temporaries.*broadcast view"):
+        teir.einsum("i,i->", x, x, threads=1)
+    monkeypatch.undo()
+    clear_plans()
+    assert teir.einsum("i,i->", x, x, threads=1) == 1 << 20
+
+
 def test_zero_sized_dimensions():
     np.testing.assert_array_equal(
         teir.einsum("ij,jk->ik", np.ones((3, 0)), np.ones((0, 2))), np.zeros((3, 2))

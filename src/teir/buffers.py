@@ -7,6 +7,7 @@ the elements the strides reach. The output must be writable and must not overlap
 
 from __future__ import annotations
 
+import os
 from math import prod
 from typing import Any
 
@@ -119,3 +120,11 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     start = (-data_address(raw)) % VECTOR_ALIGN
     array: np.ndarray = raw[start : start + count * dtype.itemsize].view(dtype).reshape(shape)
     return array
+
+
+def memory_bytes() -> int | None:
+    """This machine's physical memory in bytes, where the platform says (None elsewhere)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -15,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from teir import reference
+from teir.buffers import memory_bytes
 from teir.errors import ExecutionError
 from teir.ir import Config, Tensor, load
 
@@ -102,7 +102,7 @@ def random_operands(config: Config, seed: int) -> tuple[np.ndarray | None, ...]:
     itemsize = config.data_type.itemsize
     extents = {t: config.extent(t) for t in Tensor if config.uses(t)}
     needed = sum(extents.values()) * itemsize
-    available = _memory_bytes()
+    available = memory_bytes()
     if available is not None and needed > available:
         sizes = ", ".join(
             f"{t.name.lower()} {n * itemsize / 2**30:.3g} GiB" for t, n in extents.items()
@@ -123,14 +123,6 @@ def random_operands(config: Config, seed: int) -> tuple[np.ndarray | None, ...]:
             f"could not allocate the configuration's tensors ({needed / 2**30:.3g} GiB with "
             "their random values): reduce dim_sizes"
         ) from None
-
-
-def _memory_bytes() -> int | None:
-    """Physical memory, where the platform says."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from teir.buffers import VECTOR_ALIGN, aligned_empty
+from teir.buffers import VECTOR_ALIGN, aligned_empty, memory_bytes
+from teir.errors import ExecutionError
 from teir.kernels.arrays import data_address
 
 SCRATCH_LIMIT_BYTES = 64 << 20
@@ -59,6 +60,18 @@ def _shared(total: int) -> np.ndarray:
     return _buffer[0]
 
 
+def _check_memory(total: int) -> None:
+    """A clear error for temporaries larger than the machine's memory, before allocating."""
+    available = memory_bytes()
+    if available is not None and total > available:
+        raise ExecutionError(
+            f"teir needs {total / 2**30:.3g} GiB of temporaries here (the documented copies "
+            f"into kernel layouts, where an operand's layout fits no kernel; a broadcast view "
+            f"is copied whole), more than this machine's {available / 2**30:.3g} GiB of "
+            "memory: pass the operands in a layout with unit strides, or smaller"
+        )
+
+
 @contextmanager
 def scratch(shapes: Sequence[tuple[int, ...]], dtype: Any) -> Iterator[list[np.ndarray]]:
     """Uninitialized, 64-byte-aligned arrays of ``shapes``, valid inside the ``with`` block
@@ -70,6 +83,7 @@ def scratch(shapes: Sequence[tuple[int, ...]], dtype: Any) -> Iterator[list[np.n
     """
     dtype = np.dtype(dtype)
     offsets, total = layout(shapes, dtype)
+    _check_memory(total)
     if total > SCRATCH_LIMIT_BYTES or not _lock.acquire(blocking=False):
         yield [aligned_empty(s, dtype) for s in shapes]
         return
@@ -97,6 +111,7 @@ class ScratchBytes:
         self._locked = False
 
     def __enter__(self) -> int:
+        _check_memory(self.total)
         if self.total <= SCRATCH_LIMIT_BYTES and _lock.acquire(blocking=False):
             self._locked = True
             try:
