@@ -229,7 +229,7 @@ def test_temporaries_beyond_the_machines_memory_are_refused_before_allocating(mo
     clear_plans()
     monkeypatch.setattr(scratch_module, "memory_bytes", lambda: 4 << 20)
     x = np.broadcast_to(np.ones(1), (1 << 20,))
-    with pytest.raises(teir.ExecutionError, match="GiB of temporaries.*broadcast view"):
+    with pytest.raises(teir.ExecutionError, match=r"GiB of temporaries.*broadcast view"):
         teir.einsum("i,i->", x, x, threads=1)
     monkeypatch.undo()
     clear_plans()
