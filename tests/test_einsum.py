@@ -223,11 +223,11 @@ def test_temporaries_beyond_the_machines_memory_are_refused_before_allocating(mo
     """A broadcast view of 2^33 elements in a layout no kernel fits is copied whole: beyond
     the machine's memory that is a clear error, not NumPy's MemoryError (here with the
     machine's memory set to 4 MiB, so that the check runs on 16 MiB of copies)."""
-    import teir.runtime.scratch as scratch_module
+    import teir.buffers
     from teir.frontend.einsum import clear_plans
 
     clear_plans()
-    monkeypatch.setattr(scratch_module, "memory_bytes", lambda: 4 << 20)
+    monkeypatch.setattr(teir.buffers, "memory_bytes", lambda: 4 << 20)
     x = np.broadcast_to(np.ones(1), (1 << 20,))
     with pytest.raises(teir.ExecutionError, match=r"GiB of temporaries.*broadcast view"):
         teir.einsum("i,i->", x, x, threads=1)

@@ -128,3 +128,15 @@ def memory_bytes() -> int | None:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):
         return None
+
+
+def check_memory(nbytes: int, need: str, fix: str) -> None:
+    """ExecutionError, before anything is allocated, where ``nbytes`` exceed this machine's
+    memory: ``need`` says what needs them (``{size}`` stands for their size), ``fix`` how
+    to need less."""
+    available = memory_bytes()
+    if available is not None and nbytes > available:
+        raise ExecutionError(
+            need.format(size=f"{nbytes / 2**30:.3g} GiB")
+            + f", more than this machine's {available / 2**30:.3g} GiB of memory: {fix}"
+        )

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from teir import reference
-from teir.buffers import memory_bytes
+from teir.buffers import check_memory
 from teir.errors import ExecutionError
 from teir.ir import Config, Tensor, load
 
@@ -102,16 +102,14 @@ def random_operands(config: Config, seed: int) -> tuple[np.ndarray | None, ...]:
     itemsize = config.data_type.itemsize
     extents = {t: config.extent(t) for t in Tensor if config.uses(t)}
     needed = sum(extents.values()) * itemsize
-    available = memory_bytes()
-    if available is not None and needed > available:
-        sizes = ", ".join(
-            f"{t.name.lower()} {n * itemsize / 2**30:.3g} GiB" for t, n in extents.items()
-        )
-        raise ExecutionError(
-            f"the configuration's tensors need {needed / 2**30:.3g} GiB ({sizes}), more than "
-            f"this machine's {available / 2**30:.3g} GiB of memory: reduce dim_sizes (or the "
-            "strides, which set how far each tensor extends)"
-        )
+    sizes = ", ".join(
+        f"{t.name.lower()} {n * itemsize / 2**30:.3g} GiB" for t, n in extents.items()
+    )
+    check_memory(
+        needed,
+        f"the configuration's tensors need {{size}} ({sizes})",
+        "reduce dim_sizes (or the strides, which set how far each tensor extends)",
+    )
     rng = np.random.default_rng(seed)
     try:
         return tuple(

@@ -244,10 +244,9 @@ def einsum(
     the operands first; ``order`` and ``casting`` are accepted for compatibility
     (new results are C-ordered). Unlike NumPy, the result is always a new array (never a view).
     """
-    if not (accumulate is False or (accumulate is True and out is not None)) or not (
-        relu is False or relu is True
-    ):
-        _check_flags(out, accumulate, relu)
+    if type(accumulate) is not bool or type(relu) is not bool or (accumulate and out is None):
+        _check_flags(accumulate, relu)
+        _check_accumulate_target(accumulate, out)
     # The direct path of a cached plan; with threads=None its key has None, which the
     # entry's alias below answers (the thread count is read when shapes are first planned).
     key = None
@@ -289,11 +288,15 @@ def einsum(
     return result
 
 
-def _check_flags(out: Any, accumulate: Any, relu: Any) -> None:
-    """``accumulate`` and ``relu`` are booleans, and ``accumulate`` has an ``out`` to add to."""
+def _check_flags(accumulate: Any, relu: Any) -> None:
+    """``accumulate`` and ``relu`` are booleans."""
     for name, value in (("accumulate", accumulate), ("relu", relu)):
         if not isinstance(value, (bool, np.bool_)):
             raise EinsumError(f"{name} must be True or False, got {value!r}")
+
+
+def _check_accumulate_target(accumulate: Any, out: Any) -> None:
+    """``accumulate`` has an ``out`` to add to."""
     if accumulate and out is None:
         raise EinsumError(
             "accumulate=True adds the result to out: pass out= (NumPy's einsum has no "
@@ -499,7 +502,7 @@ class ContractExpression:
         self.plan: Plan | None = None
         self.tree: Any = None
         _check_threads(threads)
-        _check_flags(0, accumulate, relu)
+        _check_flags(accumulate, relu)
         count = threads or default_threads()
         if len(self.shapes) <= 2:  # plan now, for C-contiguous operands
             arrays = [np.zeros(shape, self.dtype) for shape in self.shapes]
@@ -512,8 +515,7 @@ class ContractExpression:
             self.tree = compile_einsum(self.parsed, arrays, optimize, count, accumulate, relu)[0]
 
     def __call__(self, *operands: Any, out: Any = None) -> Any:
-        if self.accumulate and out is None:
-            _check_flags(out, self.accumulate, self.relu)
+        _check_accumulate_target(self.accumulate, out)
         if self.tree is None:  # the checked call einsum would try first
             options = (out is None, self.accumulate, self.relu, self.threads)
             call = _recent.get((self.subscripts, len(operands), *options))

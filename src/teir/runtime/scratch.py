@@ -19,8 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from teir.buffers import VECTOR_ALIGN, aligned_empty, memory_bytes
-from teir.errors import ExecutionError
+from teir.buffers import VECTOR_ALIGN, aligned_empty, check_memory
 from teir.kernels.arrays import data_address
 
 SCRATCH_LIMIT_BYTES = 64 << 20
@@ -61,15 +60,12 @@ def _shared(total: int) -> np.ndarray:
 
 
 def _check_memory(total: int) -> None:
-    """A clear error for temporaries larger than the machine's memory, before allocating."""
-    available = memory_bytes()
-    if available is not None and total > available:
-        raise ExecutionError(
-            f"teir needs {total / 2**30:.3g} GiB of temporaries here (the documented copies "
-            f"into kernel layouts, where an operand's layout fits no kernel; a broadcast view "
-            f"is copied whole), more than this machine's {available / 2**30:.3g} GiB of "
-            "memory: pass the operands in a layout with unit strides, or smaller"
-        )
+    check_memory(
+        total,
+        "teir needs {size} of temporaries here (the documented copies into kernel layouts, "
+        "where an operand's layout fits no kernel; a broadcast view is copied whole)",
+        "pass the operands in a layout with unit strides, or smaller",
+    )
 
 
 @contextmanager
