@@ -606,3 +606,60 @@ def test_a_gemm_with_one_output_tile_is_cut_both_ways_for_two_threads():
     np.testing.assert_allclose(
         teir.einsum("abc,bcd->ad", a, b, threads=2), np.einsum("abc,bcd->ad", a, b), rtol=1e-10
     )
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_k_steps_let_the_packed_panel_fit(threads, monkeypatch):
+    """A transposed A (unit stride on K) whose rows (250) have no lane-multiple block small
+    enough for its panel over all of K: the batch-reduce axis is cut into outer K steps that
+    each fit a panel, ordered between the row loop and the column loop that reuses the panel;
+    the first Zero and the last ReLU still apply once per output tile."""
+    import teir.lower.panels as panels
+    import teir.optimizer.primitive as primitive
+    from teir.lower.nest import lower
+
+    caches = {"L1": 48 * 1024, "L2": 512 * 1024, "L3": 32 * 1024 * 1024}
+    monkeypatch.setattr(panels, "cache_sizes", lambda: caches)
+    monkeypatch.setattr(primitive, "cache_sizes", lambda: caches)
+    m, n, k = 250, 384, 1280
+    data = {
+        "data_type": "FP32",
+        "prim_first": "Zero",
+        "prim_main": "GEMM",
+        "prim_last": "ReLU",
+        "dim_types": ["M", "N", "K"],
+        "exec_types": ["seq"] * 3,
+        "dim_sizes": [m, n, k],
+        "strides_in0": [k, 0, 1],
+        "strides_in1": [0, k, 1],
+        "strides_out": [1, m, 0],
+    }
+    config, log = teir.optimize_with_log(data, threads=threads)
+    assert "K steps" in log[2]
+    loops = [
+        (t, size)
+        for t, e, size in zip(config.dim_types, config.exec_types, config.dim_sizes)
+        if e is not teir.ExecType.PRIM
+    ]
+    kinds = [t for t, _ in loops]
+    assert kinds.count(teir.DimType.K) == 1
+    steps = kinds.index(teir.DimType.K)
+    assert kinds[steps + 1 :] == [teir.DimType.N]  # the loop that reuses the panel
+    assert teir.DimType.N not in kinds[:steps]
+    products = size_products(config)
+    assert (products[teir.DimType.M], products[teir.DimType.N], products[teir.DimType.K]) == (
+        m,
+        n,
+        k,
+    )
+    nest = lower(config)
+    assert nest.panel is not None and nest.panel.depth == steps + 1
+    assert nest.panel.elements * 4 <= panels.panel_limit_bytes()
+    in0, in1 = (
+        RNG.uniform(-1, 1, config.extent(t)).astype(np.float32)
+        for t in (teir.Tensor.IN0, teir.Tensor.IN1)
+    )
+    out = np.full(config.extent(teir.Tensor.OUT), np.nan, np.float32)
+    teir.compile(config, threads=threads)(in0, in1, out)
+    expected = np.maximum(in0.reshape(m, k) @ in1.reshape(n, k).T, 0)
+    np.testing.assert_allclose(out.reshape(n, m).T, expected, rtol=1e-4, atol=1e-4)

@@ -21,6 +21,9 @@ class Axis:
     size: int
     strides: tuple[int, int, int]
     exec_type: ExecType = ExecType.SEQ
+    # A K loop cut so that one of its steps of the kernel's vector operand (this tensor) fits
+    # a packed panel: the loops are ordered so that the panel is reused inside it.
+    panel_of: Tensor | None = None
 
     def stride(self, tensor: Tensor) -> int:
         return self.strides[tensor.value]

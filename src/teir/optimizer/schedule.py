@@ -27,8 +27,17 @@ def reorder(problem: Problem) -> tuple[Problem, str]:
     outer = sorted(
         (a for a in loops if a.dim_type is not DimType.K), key=lambda a: -a.stride(Tensor.OUT)
     )
-    inner = [a for a in loops if a.dim_type is DimType.K]
-    ordered = outer + inner
+    inner = [a for a in loops if a.dim_type is DimType.K and a.panel_of is None]
+    stepping = [a for a in loops if a.dim_type is DimType.K and a.panel_of is not None]
+    ordered = outer + stepping + inner
+    if stepping:
+        # each K step's packed panel is reused by the loop that does not move it, innermost
+        panel_of = stepping[0].panel_of
+        assert panel_of is not None
+        reusing = [a for a in outer if a.stride(panel_of) == 0]
+        if reusing:
+            last = reusing[-1]
+            ordered = [a for a in outer if a is not last] + stepping + [last] + inner
     note = ""
     if problem.primitives.prim_main.is_unary and not inner:
         ordered = _copy_order(outer)
@@ -113,6 +122,8 @@ def panel(problem: Problem, threads: int) -> tuple[Problem, str]:
         return problem, "fewer than two tile loops: no panels"
     p_at, q_at = tiles[-2], tiles[-1]
     outer_loop, inner_loop = axes[p_at], axes[q_at]
+    if q_at - p_at > 1:
+        return problem, "K steps lie between the two innermost tile loops: no panels"
     operand_of = {DimType.M: Tensor.IN0, DimType.N: Tensor.IN1}
     if {outer_loop.dim_type, inner_loop.dim_type} != {DimType.M, DimType.N}:
         return problem, "the two innermost tile loops are not an M and an N loop: no panels"
