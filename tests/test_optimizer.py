@@ -663,3 +663,30 @@ def test_k_steps_let_the_packed_panel_fit(threads, monkeypatch):
     teir.compile(config, threads=threads)(in0, in1, out)
     expected = np.maximum(in0.reshape(m, k) @ in1.reshape(n, k).T, 0)
     np.testing.assert_allclose(out.reshape(n, m).T, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("relu, accumulate", [(False, False), (True, False), (False, True)])
+def test_a_transposed_b_far_apart_is_packed_once_per_tile(threads, relu, accumulate):
+    """``ki,kj->ij``: the kernel's B (in0, unit stride on N, K steps 4 KiB apart) would be
+    copied a column block at a time on every call; the loop that moves only the kernel's A
+    runs innermost and the nest packs B's tile once for it, into rows of whole lines."""
+    from teir.codegen.target import Target
+    from teir.lower.panels import b_panel_row
+
+    a = RNG.uniform(-1, 1, (256, 1024)).astype(np.float32)
+    b = RNG.uniform(-1, 1, (256, 1024)).astype(np.float32)
+    plan = teir.einsum_plan("ki,kj->ij", a, b, threads=threads)
+    text = plan.explain()
+    assert "in0's kernel tile (128 x 256) is packed" in text
+    nest = plan.operation.nest
+    assert nest.panel is not None and nest.panel.tensor is teir.Tensor.IN0
+    spec = nest.main_zero.spec
+    assert spec.trans_b and spec.ldb == b_panel_row(spec, Target.host())
+    assert "B packed column block" not in text
+    out = RNG.uniform(-1, 1, (1024, 1024)).astype(np.float32)
+    start = out.copy()
+    teir.einsum("ki,kj->ij", a, b, out=out, threads=threads, relu=relu, accumulate=accumulate)
+    expected = a.T @ b + (start if accumulate else 0)
+    expected = np.maximum(expected, 0) if relu else expected
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)

@@ -196,6 +196,16 @@ def _chunk_within(batch: int, chunk: int, limit: int) -> int:
     return max(d for d in range(1, max(1, min(chunk, limit)) + 1) if batch % d == 0)
 
 
+def b_steps_far_apart(spec: BrgemmSpec) -> bool:
+    """Whether B is stored transposed (unit stride on N) with its K steps so far apart that
+    the lines one column block reads crowd an L1 set."""
+    return (
+        spec.trans_b
+        and spec.ldb * spec.itemsize >= PACK_LEADING_BYTES
+        and set_crowding(spec.ldb * spec.itemsize, spec.k) > L1_WAYS
+    )
+
+
 def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
     """The register block for ``spec`` on ``target``."""
     full_lanes = target.lanes(spec.itemsize)
@@ -224,12 +234,7 @@ def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
     # step: 22 -> 45 GFLOP/s, NumPy 50; 1 KiB apart measured alike with and without), one
     # vector per K step: wider blocks measured no faster there (2 x 12 47-51 % of peak,
     # 2 x 8 and 3 x 8 54-55 %) and their buffer takes twice the room.
-    b_far_apart = (
-        form == "outer"
-        and spec.trans_b
-        and spec.ldb * spec.itemsize >= PACK_LEADING_BYTES
-        and set_crowding(spec.ldb * spec.itemsize, spec.k) > L1_WAYS
-    )
+    b_far_apart = form == "outer" and b_steps_far_apart(spec)
     if form == "dot":
         # Small blocks of dot products: rows of A and columns of B feed r*c accumulators.
         lanes = full_lanes

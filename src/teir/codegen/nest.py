@@ -141,7 +141,7 @@ def nest_function(nest: LoopNest, target: Target, module: Module, name: str) -> 
     def call(role: str, offsets: Offsets, following: Offsets | None = None) -> None:
         pointers = [f.gep(t, base, offsets[i]) for i, base in enumerate(("%in0", "%in1", "%out"))]
         if panel is not None and role in ("main", "main_zero"):
-            pointers[panel.tensor.value] = "%panel"  # the kernel's A comes from the buffer
+            pointers[panel.tensor.value] = "%panel"  # the packed operand comes from the buffer
         if role in prefetching:
             assert following is not None
             pointers += [f.gep(t, base, following[i]) for i, base in enumerate(("%in0", "%in1"))]

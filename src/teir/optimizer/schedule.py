@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from math import prod
 
-from teir.codegen.target import cache_sizes
+from teir.codegen.specs import BrgemmSpec
+from teir.codegen.target import Target, cache_sizes
 from teir.ir import DimType, ExecType, Tensor
 from teir.ir.layout import is_injective
+from teir.lower.panels import packs_b_panel
+from teir.lower.tiles import main_op
 from teir.optimizer.problem import Axis, Problem
 from teir.optimizer.simplify import block_size, divisors, split
 
@@ -124,6 +127,15 @@ def panel(problem: Problem, threads: int) -> tuple[Problem, str]:
     outer_loop, inner_loop = axes[p_at], axes[q_at]
     if q_at - p_at > 1:
         return problem, "K steps lie between the two innermost tile loops: no panels"
+    b_tensor = _packed_b(problem)
+    if b_tensor is not None:
+        if inner_loop.stride(b_tensor) != 0 and outer_loop.stride(b_tensor) == 0:
+            axes[p_at], axes[q_at] = inner_loop, outer_loop
+            inner_loop = outer_loop
+        return problem.with_axes(axes), (
+            f"the kernel's transposed B is packed once per tile of the loops outside the "
+            f"{inner_loop.dim_type.value} loop, which runs innermost"
+        )
     operand_of = {DimType.M: Tensor.IN0, DimType.N: Tensor.IN1}
     if {outer_loop.dim_type, inner_loop.dim_type} != {DimType.M, DimType.N}:
         return problem, "the two innermost tile loops are not an M and an N loop: no panels"
@@ -148,6 +160,18 @@ def panel(problem: Problem, threads: int) -> tuple[Problem, str]:
         f"{outer_loop.dim_type.value} loop in panels of {depth} tiles around the "
         f"{inner_loop.dim_type.value} loop ({swept >> 20} MiB swept per iteration)"
     )
+
+
+def _packed_b(problem: Problem) -> Tensor | None:
+    """The tensor of the kernel's B where B is stored transposed with its K steps so far
+    apart that the kernel would copy it a column block at a time on every call, and its tile
+    fits a packed panel (:func:`teir.lower.panels.packs_b_panel`): the loop order then keeps
+    B still in the innermost loop, so that the nest packs it once for that loop (1024^3
+    ``ki,kj->ij`` FP32 kernels with A streamed instead: 60 -> 67 % of peak)."""
+    main, _ = main_op(problem.to_config(), False)
+    if main is None or not isinstance(main.spec, BrgemmSpec) or main.loops:
+        return None
+    return main.operands[1] if packs_b_panel(main.spec, Target.host()) else None
 
 
 # Shared loops are added until their iterations split within 2 % between the threads, or
