@@ -34,6 +34,7 @@ from math import prod
 from teir.codegen.brgemm import b_steps_far_apart, choose_blocking
 from teir.codegen.specs import BrgemmSpec, UnaryOp, UnarySpec
 from teir.codegen.target import Target, cache_sizes
+from teir.codegen.transpose import LINE_BYTES
 from teir.ir import Tensor
 from teir.lower.tiles import TileLoop, TileOp
 
@@ -101,9 +102,9 @@ def _reuse_depth(
     return depth, prod(loop_sizes[depth:])
 
 
-def b_panel_row(spec: BrgemmSpec, target: Target) -> int:
+def b_panel_row(spec: BrgemmSpec) -> int:
     """Values per K step in a packed panel of a transposed B: its columns in whole lines."""
-    per_line = 64 // spec.itemsize
+    per_line = LINE_BYTES // spec.itemsize
     return -(-spec.n // per_line) * per_line
 
 
@@ -112,7 +113,7 @@ def packs_b_panel(spec: BrgemmSpec, target: Target) -> bool:
     on every call (its K steps far apart), fits a packed panel in the nest instead."""
     if spec.trans_a or not b_steps_far_apart(spec) or spec.m < 2 * target.lanes(spec.itemsize):
         return False
-    return spec.batch * spec.k * b_panel_row(spec, target) * spec.itemsize <= panel_limit_bytes()
+    return spec.batch * spec.k * b_panel_row(spec) * spec.itemsize <= panel_limit_bytes()
 
 
 def _b_panel(
@@ -135,7 +136,7 @@ def _b_panel(
     depth, reuse = _reuse_depth(loop_sizes, loop_strides, tensor)
     if reuse < 2:
         return unchanged
-    row = b_panel_row(spec, target)
+    row = b_panel_row(spec)
 
     def reading_buffer(kernel: BrgemmSpec) -> BrgemmSpec:
         return dataclasses.replace(kernel, ldb=row, stride_b=spec.k * row)

@@ -128,8 +128,10 @@ def panel(problem: Problem, threads: int) -> tuple[Problem, str]:
     if q_at - p_at > 1:
         return problem, "K steps lie between the two innermost tile loops: no panels"
     b_tensor = _packed_b(problem)
-    if b_tensor is not None:
-        if inner_loop.stride(b_tensor) != 0 and outer_loop.stride(b_tensor) == 0:
+    if b_tensor is not None and (inner_loop.stride(b_tensor) == 0) != (
+        outer_loop.stride(b_tensor) == 0
+    ):
+        if inner_loop.stride(b_tensor) != 0:
             axes[p_at], axes[q_at] = inner_loop, outer_loop
             inner_loop = outer_loop
         return problem.with_axes(axes), (
