@@ -28,6 +28,7 @@ must stay while the inner loops sweep the other operand past it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from math import prod
 
@@ -144,20 +145,8 @@ def _b_panel(
     if choose_blocking(reading_buffer(spec), target).pack_b:
         return unchanged
     copy_spec = UnarySpec(spec.dtype, UnaryOp.COPY, spec.n, spec.k, spec.ldb, row)
-    copy_loops: tuple[TileLoop, ...] = ()
-    if spec.batch > 1:
-        strides = [0, 0, 0]
-        strides[tensor.value] = spec.stride_b
-        strides[Tensor.OUT.value] = spec.k * row
-        copy_loops = (TileLoop(spec.batch, (strides[0], strides[1], strides[2])),)
-    copy = TileOp(copy_spec, (tensor, Tensor.OUT), copy_loops)
-    pack = PanelPack(tensor, depth, copy, spec.batch * spec.k * row, reuse)
-    packed_main = dataclasses.replace(main, spec=reading_buffer(spec))
-    packed_zero = None
-    if main_zero is not None:
-        assert isinstance(main_zero.spec, BrgemmSpec)
-        packed_zero = dataclasses.replace(main_zero, spec=reading_buffer(main_zero.spec))
-    return pack, packed_main, packed_zero
+    pack = _pack(tensor, depth, reuse, copy_spec, spec.batch, spec.stride_b, spec.k * row)
+    return pack, *_reading(main, main_zero, reading_buffer)
 
 
 def _a_panel(
@@ -194,17 +183,38 @@ def _a_panel(
     copy_spec = UnarySpec(
         spec.dtype, UnaryOp.COPY, spec.m, spec.k, spec.lda, padded, trans_a=spec.trans_a
     )
+    pack = _pack(tensor, depth, reuse, copy_spec, spec.batch, spec.stride_a, spec.k * padded)
+    return pack, *_reading(main, main_zero, reading_buffer)
+
+
+def _pack(
+    tensor: Tensor,
+    depth: int,
+    reuse: int,
+    copy_spec: UnarySpec,
+    batch: int,
+    source_stride: int,
+    buffer_stride: int,
+) -> PanelPack:
+    """The pack of ``tensor``'s tile: ``copy_spec`` per batch element, the elements
+    ``source_stride`` apart in the tensor and ``buffer_stride`` apart in the buffer."""
     copy_loops: tuple[TileLoop, ...] = ()
-    if spec.batch > 1:
+    if batch > 1:
         strides = [0, 0, 0]
-        strides[tensor.value] = spec.stride_a
-        strides[Tensor.OUT.value] = spec.k * padded
-        copy_loops = (TileLoop(spec.batch, (strides[0], strides[1], strides[2])),)
+        strides[tensor.value] = source_stride
+        strides[Tensor.OUT.value] = buffer_stride
+        copy_loops = (TileLoop(batch, (strides[0], strides[1], strides[2])),)
     copy = TileOp(copy_spec, (tensor, Tensor.OUT), copy_loops)
-    pack = PanelPack(tensor, depth, copy, elements, reuse)
-    packed_main = dataclasses.replace(main, spec=reading_buffer(spec))
-    packed_zero = None
-    if main_zero is not None:
-        assert isinstance(main_zero.spec, BrgemmSpec)
-        packed_zero = dataclasses.replace(main_zero, spec=reading_buffer(main_zero.spec))
-    return pack, packed_main, packed_zero
+    return PanelPack(tensor, depth, copy, batch * buffer_stride, reuse)
+
+
+def _reading(
+    main: TileOp, main_zero: TileOp | None, reading_buffer: Callable[[BrgemmSpec], BrgemmSpec]
+) -> tuple[TileOp, TileOp | None]:
+    """The main kernels (and the one with a fused Zero) reading the buffer."""
+    assert isinstance(main.spec, BrgemmSpec)
+    packed_main = dataclasses.replace(main, spec=reading_buffer(main.spec))
+    if main_zero is None:
+        return packed_main, None
+    assert isinstance(main_zero.spec, BrgemmSpec)
+    return packed_main, dataclasses.replace(main_zero, spec=reading_buffer(main_zero.spec))
