@@ -356,6 +356,32 @@ def test_operands_no_kernel_layout_fits_go_through_copies(dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("subscripts", ["ki,kj->ij", "ki,jk->ij", "ik,kj->ji"])
+@pytest.mark.parametrize("padding", [0, 3])
+def test_transposed_operands_are_copied_once_into_the_plain_kernel_layout(
+    subscripts, padding, dtype
+):
+    # Compute-bound (640 FLOPs per input element): a kernel that would copy a transposed
+    # operand on every call, or broadcast from its rows, gives way to copies made once into
+    # the layouts of the plain outer-product kernel. Inputs may be views with padded rows.
+    sizes = {"i": 640, "j": 640, "k": 1024}
+    terms = subscripts.split("->")[0].split(",")
+    padded = operands([[sizes[x] + padding for x in term] for term in terms], dtype)
+    ops = [array[padding:, padding:] for array in padded]
+    text = teir.einsum_plan(subscripts, *ops, threads=2).explain()
+    assert "copied once, they run the plain outer-product kernel: " in text
+    assert "outer form" in text.split("the contraction of the copies:")[1]
+    check(subscripts, ops, threads=2)
+    result_shape = [sizes[x] for x in subscripts.split("->")[1]]
+    out = np.ones(result_shape, dtype)
+    teir.einsum(subscripts, *ops, out=out, accumulate=True, relu=True, threads=2)
+    wide = [np.asarray(op, dtype=np.float64) for op in ops]
+    expected = np.maximum(1 + np.einsum(subscripts, *wide), 0)
+    tolerance = 1e-4 if dtype == np.float32 else 1e-11
+    np.testing.assert_allclose(out, expected, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_inputs_that_fit_with_a_result_that_does_not_copy_the_result(dtype):
     # The inputs lie as the kernel wants them (C, K, M and C, N, K); the result has its unit
     # stride on the batch label, which no kernel layout fits: only the result is permuted.

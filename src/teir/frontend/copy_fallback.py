@@ -30,11 +30,13 @@ from teir.frontend.einsum_plan import (
     canonical_orders,
     label_sizes,
     placeholder,
+    plain_outer,
+    relayout_pays,
     runs_kernels,
     vector_fill,
 )
 from teir.ir import DimType, Tensor
-from teir.runtime.scratch import scratch
+from teir.runtime.scratch import SCRATCH_LIMIT_BYTES, scratch
 
 # Label orders (in0, in1, result) of the copies; None: that tensor is used as it lies.
 Orders = tuple[str | None, str | None, str | None]
@@ -170,6 +172,7 @@ def choose(
     )
     if not fits(everything):
         return full, everything
+    relayout = relayout_pays(plan, inputs)
     bytes_of = [prod(sizes[x] for x in order or "") for order in full]
     subsets = [s for r in (1, 2) for s in combinations(range(3), r)]
     # Each subset is tried in the canonical orders, then in the transposed product's: a
@@ -189,7 +192,14 @@ def choose(
             tried.add(orders)
             product = contraction(orders)
             uncopied = tuple(t for t in Tensor if t.value not in subset and t not in large)
-            if product is None or not fits(product, uncopied):
+            if relayout:
+                # the tensors left in place are read as the plan's kernel reads them
+                copied = sum(bytes_of[i] for i in subset) * plan.dtype.itemsize
+                if copied > SCRATCH_LIMIT_BYTES:
+                    continue
+                if product is None or not fits(product) or not plain_outer(product):
+                    continue
+            elif product is None or not fits(product, uncopied):
                 continue
             volume = min(kernel_volume(everything), LARGE_KERNEL_VOLUME)
             big = 2 * kernel_volume(product) >= volume or large_tile(product)

@@ -30,6 +30,8 @@ from teir.frontend.einsum_plan import (
     make_plan,
     operand,
     placeholder,
+    plain_outer,
+    relayout_pays,
     runs_kernels,
     short_depth,
     sum_out,
@@ -173,7 +175,8 @@ def _plan(
                 and kernel_depth(product) >= SHORT_DEPTH_GAIN * kernel_depth(plan)
                 and vector_fill(product) >= vector_fill(plan)
             )
-            if not (fuller or deeper):
+            relaid = relayout_pays(plan, inputs) and plain_outer(product)
+            if not (fuller or deeper or relaid):
                 plan.canonical, plan.product = None, None
     one_thread = bool(plan.regions) and all(len(r.operation.slices) == 1 for r in plan.regions)
     if (

@@ -211,6 +211,11 @@ class Plan:
                     "the kernel that fits the operands as they lie sums "
                     f"{kernel_depth(self)} steps of K between loads and stores of C"
                 )
+            elif self.product is not None and relaid(self, self.product):
+                why = (
+                    f"the kernel that fits the operands as they lie {kernel_shortfall(self)}; "
+                    "copied once, they run the plain outer-product kernel"
+                )
             elif runs_kernels(self):
                 why = (
                     "the kernel that fits the operands as they lie fills "
@@ -394,7 +399,7 @@ def make_plan(
             plan.lanes = compile_lanes(spec, count)
             plan.regions, plan.operation = [], None
             return plan, inputs
-    if unfit or (intense and short_depth(plan)):
+    if unfit or (intense and short_depth(plan)) or relayout_pays(plan, inputs):
         orders = canonical_orders(inputs, output)
         # the result counts too: a batch label with the result's unit stride fits no kernel
         # (adb,acd->bca FP64 ran on the generic primitive at 0.13x NumPy)
@@ -455,6 +460,64 @@ def kernel_depth(plan: Plan) -> int:
     if main is None or not isinstance(main.spec, BrgemmSpec):
         return 0
     return main.spec.k * choose_blocking(main.spec, Target.host()).chunk
+
+
+def plain_outer(plan: Plan) -> bool:
+    """Whether the plan's BRGEMM kernel runs the outer-product form on both operands in
+    their plain layouts (A unit stride on M, B on K) as the nest hands them over, copying
+    neither on its calls: the kernel that reaches the highest fraction of peak. The others
+    copy an operand on every call (A with columns far apart, B a column block at a time),
+    broadcast from rows of a transposed B, or run the mirror or dot forms."""
+    main = _main(plan)
+    if main is None or main.kind != "brgemm" or not isinstance(main.spec, BrgemmSpec):
+        return False
+    spec = main.spec
+    blocking = choose_blocking(spec, Target.host())
+    plain = not (spec.trans_a or spec.trans_b or blocking.pack_a or blocking.pack_b)
+    return plain and blocking.form == "outer"
+
+
+def relaid(plan: Plan, product: Plan) -> bool:
+    """Whether ``product`` runs the plain outer-product kernel where ``plan``, which fills
+    its vector lanes, runs another BRGEMM kernel."""
+    main = _main(plan)
+    if main is None or main.kind != "brgemm" or vector_fill(plan) < POOR_FILL:
+        return False
+    return not plain_outer(plan) and plain_outer(product)
+
+
+def kernel_shortfall(plan: Plan) -> str:
+    """What keeps the plan's BRGEMM kernel from the plain outer-product form, in words."""
+    main = _main(plan)
+    assert main is not None and isinstance(main.spec, BrgemmSpec)
+    blocking = choose_blocking(main.spec, Target.host())
+    if blocking.form != "outer":
+        return f"runs the {blocking.form} form"
+    if blocking.pack_a:
+        return "copies its A tile on every call"
+    if blocking.pack_b:
+        return "copies its B tile a column block at a time on every call"
+    return "broadcasts from the rows of a transposed B"
+
+
+def relayout_pays(plan: Plan, inputs: list[Operand]) -> bool:
+    """Whether copying inputs once into layouts that give the plain outer-product kernel
+    (:func:`plain_outer`) may pay: the plan runs another BRGEMM kernel, and the contraction
+    does at least ``RELAYOUT_FLOPS_PER_ELEMENT`` FLOPs per element of its inputs."""
+    if plan.operation is None or not runs_kernels(plan) or plain_outer(plan):
+        return False
+    if vector_fill(plan) < POOR_FILL:
+        return False  # the copying fallback's own case (see make_plan)
+    main = _main(plan)
+    if main is None or main.kind != "brgemm":
+        return False
+    elements = sum(op.array.size for op in inputs)
+    return plan.operation.config.flops >= RELAYOUT_FLOPS_PER_ELEMENT * elements
+
+
+# 1024^3 FP32 ki,kj->ij (2 threads, 2048 FLOPs per input element): 65 -> 73 % of peak with
+# in0 copied into ik; 512^3 (512 per element) measured alike both ways.
+RELAYOUT_FLOPS_PER_ELEMENT = 512
 
 
 def short_depth(plan: Plan) -> bool:
