@@ -689,3 +689,27 @@ def test_a_transposed_b_far_apart_is_packed_once_per_tile(threads, relu, accumul
     expected = a.T @ b + (start if accumulate else 0)
     expected = np.maximum(expected, 0) if relu else expected
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_spread_over_far_batch_elements_is_packed_once_per_tile(dtype, threads):
+    """``trus,pqtu->pqrs``: the kernel's A (in0) is a 64 x 64 block per batch element t, the
+    blocks 128 KiB (FP32) apart; the nest packs them together once for the N loop that
+    reuses them (FP64: in K steps, so that a step's panel fits)."""
+    sizes = {"t": 32, "r": 8, "u": 64, "s": 64, "p": 24, "q": 24}
+    a = RNG.uniform(-1, 1, [sizes[x] for x in "trus"]).astype(dtype)
+    b = RNG.uniform(-1, 1, [sizes[x] for x in "pqtu"]).astype(dtype)
+    plan = teir.einsum_plan("trus,pqtu->pqrs", a, b, threads=threads)
+    text = plan.explain()
+    assert "in0's kernel tile (64 x 64 x batch" in text
+    nest = plan.operation.nest
+    assert nest.panel is not None and nest.panel.tensor is teir.Tensor.IN0
+    if dtype == np.float64:
+        assert "in 2 K steps" in text
+    out = RNG.uniform(-1, 1, [sizes[x] for x in "pqrs"]).astype(dtype)
+    start = out.copy()
+    teir.einsum("trus,pqtu->pqrs", a, b, out=out, threads=threads, accumulate=True, relu=True)
+    wide = np.einsum("trus,pqtu->pqrs", a.astype(np.float64), b.astype(np.float64))
+    tolerance = 1e-4 if dtype == np.float32 else 1e-11
+    np.testing.assert_allclose(out, np.maximum(start + wide, 0), rtol=tolerance, atol=tolerance)

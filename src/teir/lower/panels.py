@@ -92,6 +92,21 @@ def plan_panel(
     return _b_panel(loop_sizes, loop_strides, main, main_zero, target)
 
 
+def a_spread(spec: BrgemmSpec) -> bool:
+    """Whether the kernel's A tile is spread over batch elements far apart (each its own
+    block of memory, ``A_SPREAD_BYTES`` or more from the next): packed together, the tile
+    stays in L2 for the loops that reuse it, where its scattered blocks contend for the same
+    cache sets with everything else that passes (FP32 ``trus,pqtu->pqrs`` 32x60x64x64 by
+    48x48, A's blocks 960 KiB apart, 2 threads: 63-64 -> 77-80 % of peak)."""
+    if spec.batch < 2 or spec.trans_a:
+        return False
+    block = spec.lda * (spec.k - 1) + spec.m
+    return spec.stride_a > block and spec.stride_a * spec.itemsize >= A_SPREAD_BYTES
+
+
+A_SPREAD_BYTES = 128 << 10
+
+
 def _reuse_depth(
     loop_sizes: tuple[int, ...], loop_strides: tuple[tuple[int, int, int], ...], tensor: Tensor
 ) -> tuple[int, int]:
@@ -164,7 +179,7 @@ def _a_panel(
     # A transposed A (unit stride on K) runs the dot or mirror form; once transposed into the
     # buffer it runs the outer form (1024^3 ki,jk->ij: 89 -> 96 % FP32, 83 -> 92 % FP64).
     transposes = spec.trans_a and spec.m >= lanes and spec.k >= lanes
-    if not (choose_blocking(spec, target).pack_a or transposes):
+    if not (choose_blocking(spec, target).pack_a or transposes or a_spread(spec)):
         return unchanged
     tensor = main.operands[0]
     depth, reuse = _reuse_depth(loop_sizes, loop_strides, tensor)

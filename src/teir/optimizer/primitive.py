@@ -13,7 +13,7 @@ from teir.codegen.brgemm import choose_blocking, pack_leading_bytes
 from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target, cache_sizes
 from teir.ir import DimType, ExecType, PrimFirst, Primitives, PrimLast, PrimMain, Tensor
-from teir.lower.panels import panel_limit_bytes
+from teir.lower.panels import A_SPREAD_BYTES, panel_limit_bytes
 from teir.lower.tiles import (
     LONG_COLUMN_BYTES,
     contraction_op,
@@ -153,6 +153,15 @@ def _packs_rows(row: Axis, k: Axis, itemsize: int) -> bool:
     return far or row.stride(a_tensor) != 1
 
 
+def _spread_rows(row: Axis, row_block: int, gemm_k: Axis, batch: Axis, itemsize: int) -> bool:
+    """Whether the kernel's vector operand lies in blocks far apart along the batch-reduce
+    axis, which the nest packs into a panel (:func:`teir.lower.panels.a_spread`)."""
+    a_tensor = Tensor.IN0 if row.dim_type is DimType.M else Tensor.IN1
+    stride = abs(batch.stride(a_tensor))
+    block = (gemm_k.size - 1) * abs(gemm_k.stride(a_tensor)) + row_block
+    return batch.size > 1 and stride > block and stride * itemsize >= A_SPREAD_BYTES
+
+
 def _panel_rows(row: Axis, block: int, k: Axis, k_total: int, itemsize: int, lanes: int) -> int:
     """The row block, smaller if need be so that the kernel's vector operand for all of K
     fits a packed panel (:mod:`teir.lower.panels`) where the kernel would pack it: its columns
@@ -175,7 +184,7 @@ def _panel_steps(
     loops are ordered so that each step's panel is packed once for the column loop inside
     (GETD's last step computed as a GEMM of 15625 x 625 x 1600, rows of 125, FP32 on 2
     threads: 61 -> 66 % of peak in 5 steps; FP64 1500^3 58 -> 70 %)."""
-    if not _packs_rows(row, k, itemsize):
+    if not (_packs_rows(row, k, itemsize) or _spread_rows(row, row_block, gemm_k, batch, itemsize)):
         return batch, None
     step_bytes = row_block * gemm_k.size * itemsize
     limit = panel_limit_bytes()
