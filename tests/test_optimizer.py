@@ -713,3 +713,43 @@ def test_a_spread_over_far_batch_elements_is_packed_once_per_tile(dtype, threads
     wide = np.einsum("trus,pqtu->pqrs", a.astype(np.float64), b.astype(np.float64))
     tolerance = 1e-4 if dtype == np.float32 else 1e-11
     np.testing.assert_allclose(out, np.maximum(start + wide, 0), rtol=tolerance, atol=tolerance)
+
+
+def test_the_column_loop_inside_k_steps_is_shared(monkeypatch):
+    """Rows of 250 (one tile) over K steps: the only loop that can give the threads work is
+    the column loop inside the K steps, which is shared; each thread keeps its own output
+    tiles through every step, so the first Zero and the last ReLU still apply once."""
+    import teir.lower.panels as panels
+    import teir.optimizer.primitive as primitive
+
+    caches = {"L1": 48 * 1024, "L2": 512 * 1024, "L3": 32 * 1024 * 1024}
+    monkeypatch.setattr(panels, "cache_sizes", lambda: caches)
+    monkeypatch.setattr(primitive, "cache_sizes", lambda: caches)
+    m, n, k = 250, 1000, 1280
+    data = {
+        "data_type": "FP32",
+        "prim_first": "Zero",
+        "prim_main": "GEMM",
+        "prim_last": "ReLU",
+        "dim_types": ["M", "N", "K"],
+        "exec_types": ["seq"] * 3,
+        "dim_sizes": [m, n, k],
+        "strides_in0": [k, 0, 1],
+        "strides_in1": [0, k, 1],
+        "strides_out": [1, m, 0],
+    }
+    config = teir.optimize(data, threads=2)
+    loops = [
+        (t, e) for t, e in zip(config.dim_types, config.exec_types) if e is not teir.ExecType.PRIM
+    ]
+    assert loops == [(teir.DimType.K, teir.ExecType.SEQ), (teir.DimType.N, teir.ExecType.SHARED)]
+    operation = teir.compile(config, threads=2)
+    assert len(operation.slices) == 2
+    in0, in1 = (
+        RNG.uniform(-1, 1, config.extent(t)).astype(np.float32)
+        for t in (teir.Tensor.IN0, teir.Tensor.IN1)
+    )
+    out = np.full(config.extent(teir.Tensor.OUT), np.nan, np.float32)
+    operation(in0, in1, out)
+    expected = np.maximum(in0.reshape(m, k) @ in1.reshape(n, k).T, 0)
+    np.testing.assert_allclose(out.reshape(n, m).T, expected, rtol=1e-4, atol=1e-4)

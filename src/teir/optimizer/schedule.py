@@ -183,8 +183,9 @@ BALANCE_LIMIT = 0.02
 
 
 def parallelize(problem: Problem, threads: int) -> tuple[Problem, str]:
-    """Mark leading C/M/N loops shared until they give every thread balanced work. Never a K
-    loop, and nothing when the output aliases (parallel iterations would race)."""
+    """Mark leading C/M/N loops shared until they give every thread balanced work, passing
+    over the K steps of a packed panel (not marked). Never a K loop, and nothing when the
+    output aliases (parallel iterations would race)."""
     axes = list(problem.axes)
     if threads <= 1:
         return problem, "one thread: no shared loops"
@@ -193,7 +194,15 @@ def parallelize(problem: Problem, threads: int) -> tuple[Problem, str]:
         return problem, "the output aliases (or is not proven free of it): no shared loops"
     chosen: list[int] = []
     for index, axis in enumerate(axes):
-        if axis.exec_type is ExecType.PRIM or axis.dim_type is DimType.K:
+        if axis.exec_type is ExecType.PRIM:
+            break
+        if axis.dim_type is DimType.K:
+            # The K steps of a packed panel run around the column loop that reuses it; that
+            # loop is shared too where the row loop alone splits unevenly (the threads keep
+            # their own output tiles through every step). FP32 ki,jk->ij 2000 x 700 x 1300
+            # relaid, M loop of 5: 47-55 -> 63-65 % of peak on 2 threads.
+            if axis.panel_of is not None:
+                continue
             break
         chosen.append(index)
         count = prod(axes[i].size for i in chosen)
