@@ -381,6 +381,19 @@ def test_transposed_operands_are_copied_once_into_the_plain_kernel_layout(
     np.testing.assert_allclose(out, expected, rtol=tolerance, atol=tolerance)
 
 
+def test_relayout_copies_stay_within_the_scratch_buffer(monkeypatch):
+    # With a 1 MiB scratch buffer no copy of a 640 x 1024 FP64 operand fits: the kernel that
+    # fits the operands as they lie runs, not the copies of everything.
+    einsum_module.clear_plans()
+    monkeypatch.setattr(einsum_module, "SCRATCH_LIMIT_BYTES", 1 << 20)
+    monkeypatch.setattr(copy_fallback, "SCRATCH_LIMIT_BYTES", 1 << 20)
+    a, b = operands([(1024, 640), (1024, 640)])
+    text = teir.einsum_plan("ki,kj->ij", a, b, threads=2).explain()
+    assert "copied" not in text and "computed in the order" not in text
+    check("ki,kj->ij", [a, b], threads=2)
+    einsum_module.clear_plans()
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_inputs_that_fit_with_a_result_that_does_not_copy_the_result(dtype):
     # The inputs lie as the kernel wants them (C, K, M and C, N, K); the result has its unit

@@ -129,6 +129,13 @@ def fits(plan: Plan, uncopied: tuple[Tensor, ...] = ()) -> bool:
     )
 
 
+def copied_bytes(plan: Plan, inputs: list[Operand], orders: Orders) -> int:
+    """Bytes of the copies ``orders`` makes (inputs and result)."""
+    sizes = label_sizes(inputs, plan.subscripts.output)
+    elements = sum(prod(sizes[x] for x in order) for order in orders if order is not None)
+    return elements * plan.dtype.itemsize
+
+
 def choose(
     plan: Plan, inputs: list[Operand], out: np.ndarray | None, plan_step: PlanStep
 ) -> tuple[Orders, Plan]:
@@ -194,8 +201,7 @@ def choose(
             uncopied = tuple(t for t in Tensor if t.value not in subset and t not in large)
             if relayout:
                 # the tensors left in place are read as the plan's kernel reads them
-                copied = sum(bytes_of[i] for i in subset) * plan.dtype.itemsize
-                if copied > SCRATCH_LIMIT_BYTES:
+                if copied_bytes(plan, inputs, orders) > SCRATCH_LIMIT_BYTES:
                     continue
                 if product is None or not fits(product) or not plain_outer(product):
                     continue

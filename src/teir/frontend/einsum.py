@@ -42,7 +42,7 @@ from teir.frontend.split_reduction import plan_split, rest_views, short_rows, sp
 from teir.kernels.arrays import data_address
 from teir.runtime.arguments import as_array
 from teir.runtime.pool import default_threads
-from teir.runtime.scratch import scratch
+from teir.runtime.scratch import SCRATCH_LIMIT_BYTES, scratch
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 PLAN_CACHE_SIZE = 4096
@@ -165,17 +165,23 @@ def _plan(
         plan.canonical, plan.product = copy_fallback.choose(plan, inputs, out, contraction)
         # A plan that runs kernels as the operands lie, filling few vector lanes or summing
         # short runs of K: the copies pay only when their kernel fills at least twice as
-        # many lanes, or sums several times as many steps with as many lanes.
+        # many lanes, or sums several times as many steps with as many lanes; one running
+        # another kernel than the plain outer-product one, when they give that kernel
+        # within the scratch buffer's size.
         if runs_kernels(plan):
-            product = plan.product
-            assert product is not None
+            product, orders = plan.product, plan.canonical
+            assert product is not None and orders is not None
             fuller = vector_fill(product) >= 2 * vector_fill(plan)
             deeper = (
                 short_depth(plan)
                 and kernel_depth(product) >= SHORT_DEPTH_GAIN * kernel_depth(plan)
                 and vector_fill(product) >= vector_fill(plan)
             )
-            relaid = relayout_pays(plan, inputs) and plain_outer(product)
+            relaid = (
+                relayout_pays(plan, inputs)
+                and plain_outer(product)
+                and copy_fallback.copied_bytes(plan, inputs, orders) <= SCRATCH_LIMIT_BYTES
+            )
             if not (fuller or deeper or relaid):
                 plan.canonical, plan.product = None, None
     one_thread = bool(plan.regions) and all(len(r.operation.slices) == 1 for r in plan.regions)

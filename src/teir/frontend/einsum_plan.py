@@ -348,8 +348,12 @@ def make_plan(
     accumulate: bool,
     relu: bool,
     threads: int | None,
+    relayout: bool = True,
 ) -> tuple[Plan, list[Operand]]:
-    """The plan for these operands (its operands are returned too: they may be new arrays)."""
+    """The plan for these operands (its operands are returned too: they may be new arrays).
+    ``relayout=False``: copies are planned only where no kernel fits well as the operands
+    lie, never to trade a fitting kernel for the plain outer-product one (an einsum tree,
+    whose intermediates are planned in its arena, lays its nodes out itself)."""
     dtype = arrays[0].dtype
     inputs = [operand(a, labels, i) for i, (a, labels) in enumerate(zip(arrays, subscripts.inputs))]
     output = subscripts.output
@@ -399,7 +403,7 @@ def make_plan(
             plan.lanes = compile_lanes(spec, count)
             plan.regions, plan.operation = [], None
             return plan, inputs
-    if unfit or (intense and short_depth(plan)) or relayout_pays(plan, inputs):
+    if unfit or (intense and short_depth(plan)) or (relayout and relayout_pays(plan, inputs)):
         orders = canonical_orders(inputs, output)
         # the result counts too: a batch label with the result's unit stride fits no kernel
         # (adb,acd->bca FP64 ran on the generic primitive at 0.13x NumPy)

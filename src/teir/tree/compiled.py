@@ -152,6 +152,7 @@ class CompiledTree:
             self.accumulate and root,
             self.relu and root,
             self.threads,
+            relayout=False,
         )
         if plan.canonical is not None or plan.empty or any(plan.reductions):
             return None  # not expected after legalize; teir.einsum handles it correctly
