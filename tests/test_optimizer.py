@@ -608,21 +608,19 @@ def test_a_gemm_with_one_output_tile_is_cut_both_ways_for_two_threads():
     )
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_k_steps_let_the_packed_panel_fit(threads, monkeypatch):
-    """A transposed A (unit stride on K) whose rows (250) have no lane-multiple block small
-    enough for its panel over all of K: the batch-reduce axis is cut into outer K steps that
-    each fit a panel, ordered between the row loop and the column loop that reuses the panel;
-    the first Zero and the last ReLU still apply once per output tile."""
+def _small_caches(monkeypatch):
+    """A 512 KiB L2 (panels of at most 256 KiB), whatever this machine has."""
     import teir.lower.panels as panels
     import teir.optimizer.primitive as primitive
-    from teir.lower.nest import lower
 
     caches = {"L1": 48 * 1024, "L2": 512 * 1024, "L3": 32 * 1024 * 1024}
     monkeypatch.setattr(panels, "cache_sizes", lambda: caches)
     monkeypatch.setattr(primitive, "cache_sizes", lambda: caches)
-    m, n, k = 250, 384, 1280
-    data = {
+
+
+def _transposed_a_gemm(m, n, k):
+    """An unscheduled FP32 GEMM with Zero and ReLU whose A and B both have unit stride on K."""
+    return {
         "data_type": "FP32",
         "prim_first": "Zero",
         "prim_main": "GEMM",
@@ -634,6 +632,32 @@ def test_k_steps_let_the_packed_panel_fit(threads, monkeypatch):
         "strides_in1": [0, k, 1],
         "strides_out": [1, m, 0],
     }
+
+
+def _check_transposed_a_gemm(config, m, n, k, threads):
+    """Run ``config`` on random inputs into a NaN-filled output and compare with NumPy."""
+    in0, in1 = (
+        RNG.uniform(-1, 1, config.extent(t)).astype(np.float32)
+        for t in (teir.Tensor.IN0, teir.Tensor.IN1)
+    )
+    out = np.full(config.extent(teir.Tensor.OUT), np.nan, np.float32)
+    teir.compile(config, threads=threads)(in0, in1, out)
+    expected = np.maximum(in0.reshape(m, k) @ in1.reshape(n, k).T, 0)
+    np.testing.assert_allclose(out.reshape(n, m).T, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_k_steps_let_the_packed_panel_fit(threads, monkeypatch):
+    """A transposed A (unit stride on K) whose rows (250) have no lane-multiple block small
+    enough for its panel over all of K: the batch-reduce axis is cut into outer K steps that
+    each fit a panel, ordered between the row loop and the column loop that reuses the panel;
+    the first Zero and the last ReLU still apply once per output tile."""
+    import teir.lower.panels as panels
+    from teir.lower.nest import lower
+
+    _small_caches(monkeypatch)
+    m, n, k = 250, 384, 1280
+    data = _transposed_a_gemm(m, n, k)
     config, log = teir.optimize_with_log(data, threads=threads)
     assert "K steps" in log[2]
     loops = [
@@ -655,14 +679,7 @@ def test_k_steps_let_the_packed_panel_fit(threads, monkeypatch):
     nest = lower(config)
     assert nest.panel is not None and nest.panel.depth == steps + 1
     assert nest.panel.elements * 4 <= panels.panel_limit_bytes()
-    in0, in1 = (
-        RNG.uniform(-1, 1, config.extent(t)).astype(np.float32)
-        for t in (teir.Tensor.IN0, teir.Tensor.IN1)
-    )
-    out = np.full(config.extent(teir.Tensor.OUT), np.nan, np.float32)
-    teir.compile(config, threads=threads)(in0, in1, out)
-    expected = np.maximum(in0.reshape(m, k) @ in1.reshape(n, k).T, 0)
-    np.testing.assert_allclose(out.reshape(n, m).T, expected, rtol=1e-4, atol=1e-4)
+    _check_transposed_a_gemm(config, m, n, k, threads)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -719,37 +736,13 @@ def test_the_column_loop_inside_k_steps_is_shared(monkeypatch):
     """Rows of 250 (one tile) over K steps: the only loop that can give the threads work is
     the column loop inside the K steps, which is shared; each thread keeps its own output
     tiles through every step, so the first Zero and the last ReLU still apply once."""
-    import teir.lower.panels as panels
-    import teir.optimizer.primitive as primitive
-
-    caches = {"L1": 48 * 1024, "L2": 512 * 1024, "L3": 32 * 1024 * 1024}
-    monkeypatch.setattr(panels, "cache_sizes", lambda: caches)
-    monkeypatch.setattr(primitive, "cache_sizes", lambda: caches)
+    _small_caches(monkeypatch)
     m, n, k = 250, 1000, 1280
-    data = {
-        "data_type": "FP32",
-        "prim_first": "Zero",
-        "prim_main": "GEMM",
-        "prim_last": "ReLU",
-        "dim_types": ["M", "N", "K"],
-        "exec_types": ["seq"] * 3,
-        "dim_sizes": [m, n, k],
-        "strides_in0": [k, 0, 1],
-        "strides_in1": [0, k, 1],
-        "strides_out": [1, m, 0],
-    }
+    data = _transposed_a_gemm(m, n, k)
     config = teir.optimize(data, threads=2)
     loops = [
         (t, e) for t, e in zip(config.dim_types, config.exec_types) if e is not teir.ExecType.PRIM
     ]
     assert loops == [(teir.DimType.K, teir.ExecType.SEQ), (teir.DimType.N, teir.ExecType.SHARED)]
-    operation = teir.compile(config, threads=2)
-    assert len(operation.slices) == 2
-    in0, in1 = (
-        RNG.uniform(-1, 1, config.extent(t)).astype(np.float32)
-        for t in (teir.Tensor.IN0, teir.Tensor.IN1)
-    )
-    out = np.full(config.extent(teir.Tensor.OUT), np.nan, np.float32)
-    operation(in0, in1, out)
-    expected = np.maximum(in0.reshape(m, k) @ in1.reshape(n, k).T, 0)
-    np.testing.assert_allclose(out.reshape(n, m).T, expected, rtol=1e-4, atol=1e-4)
+    assert len(teir.compile(config, threads=2).slices) == 2
+    _check_transposed_a_gemm(config, m, n, k, threads=2)

@@ -11,6 +11,10 @@ in place keeps its tile rows close together (``ijb,jkb->ikb`` with only in1 copi
 Large copies are made a chunk at a time along one result label (see ``chunking``): each chunk
 is copied, contracted and copied back while it is in the caches.
 
+The same copies serve compute-bound einsums whose kernel fits the operands as they lie but is
+not the plain outer-product one (``einsum_plan.relayout_pays``): copied once, within the
+scratch buffer, they give that kernel.
+
 The planner and the runner are passed in (``einsum``'s), so this module never calls up.
 """
 
@@ -31,7 +35,6 @@ from teir.frontend.einsum_plan import (
     label_sizes,
     placeholder,
     plain_outer,
-    relayout_pays,
     runs_kernels,
     vector_fill,
 )
@@ -137,10 +140,15 @@ def copied_bytes(plan: Plan, inputs: list[Operand], orders: Orders) -> int:
 
 
 def choose(
-    plan: Plan, inputs: list[Operand], out: np.ndarray | None, plan_step: PlanStep
+    plan: Plan,
+    inputs: list[Operand],
+    out: np.ndarray | None,
+    plan_step: PlanStep,
+    relayout: bool = False,
 ) -> tuple[Orders, Plan]:
     """Which tensors to copy (``plan.canonical`` holds the orders of copying all three), and
-    the plan of the contraction that then runs."""
+    the plan of the contraction that then runs. ``relayout``: the copies are for the plain
+    outer-product kernel (``einsum_plan.relayout_pays``), within the scratch buffer."""
     assert plan.canonical is not None
     full = plan.canonical
     sizes = label_sizes(inputs, plan.subscripts.output)
@@ -179,7 +187,6 @@ def choose(
     )
     if not fits(everything):
         return full, everything
-    relayout = relayout_pays(plan, inputs)
     bytes_of = [prod(sizes[x] for x in order or "") for order in full]
     subsets = [s for r in (1, 2) for s in combinations(range(3), r)]
     # Each subset is tried in the canonical orders, then in the transposed product's: a

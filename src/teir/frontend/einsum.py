@@ -162,7 +162,10 @@ def _plan(
             options = (accumulate, relu) if last else (False, False)
             return _plan(subscripts, operands, target, *options, threads, fallback=False)[0]
 
-        plan.canonical, plan.product = copy_fallback.choose(plan, inputs, out, contraction)
+        relayout = relayout_pays(plan, inputs)
+        plan.canonical, plan.product = copy_fallback.choose(
+            plan, inputs, out, contraction, relayout
+        )
         # A plan that runs kernels as the operands lie, filling few vector lanes or summing
         # short runs of K: the copies pay only when their kernel fills at least twice as
         # many lanes, or sums several times as many steps with as many lanes; one running
@@ -178,7 +181,7 @@ def _plan(
                 and vector_fill(product) >= vector_fill(plan)
             )
             relaid = (
-                relayout_pays(plan, inputs)
+                relayout
                 and plain_outer(product)
                 and copy_fallback.copied_bytes(plan, inputs, orders) <= SCRATCH_LIMIT_BYTES
             )
