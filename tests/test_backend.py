@@ -439,6 +439,49 @@ def test_outputs_far_larger_than_the_caches_are_streamed(monkeypatch):
     np.testing.assert_allclose(out.reshape(64, 64).T, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_resident_outputs_beyond_the_l3_share_are_streamed_in_longer_rows(monkeypatch):
+    """An output in memory reused call after call (``resident_output``) larger than twice
+    this process's share of the last level is stored around the caches, its tiles' columns
+    longer; an output allocated per call (the default) is not: its zeroed pages arrive
+    through the caches."""
+    import teir.lower.tiles as tiles
+    from teir.lower.nest import lower
+
+    monkeypatch.setattr(tiles, "l3_share", lambda: 16 << 10)
+    config = {
+        "data_type": "FP32",
+        "prim_first": "Zero",
+        "prim_main": "GEMM",
+        "prim_last": "None",
+        "dim_types": ["M", "N", "K"],
+        "exec_types": ["seq", "seq", "seq"],
+        "dim_sizes": [1024, 48, 32],
+        "strides_in0": [1, 0, 1024],
+        "strides_in1": [0, 32, 1],
+        "strides_out": [1, 1024, 0],
+    }
+
+    def tile_rows(optimized: teir.Config) -> int:
+        s = optimized.schedule
+        return next(s.dim_sizes[a] for a in s.prim_axes if s.dim_types[a] is teir.DimType.M)
+
+    fresh = teir.optimize(config, threads=1)
+    resident = teir.optimize(config, threads=1, resident_output=True)
+    assert tile_rows(resident) > tile_rows(fresh)
+    fresh_nest = lower(fresh)
+    assert fresh_nest.main_zero is not None and not fresh_nest.main_zero.spec.stream_c
+    nest = lower(resident, resident_output=True)
+    assert nest.main_zero is not None and nest.main_zero.spec.stream_c
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal(1024 * 32).astype(np.float32)
+    b = rng.standard_normal(32 * 48).astype(np.float32)
+    expected = a.reshape(32, 1024).T @ b.reshape(48, 32).T
+    for optimized, flag in ((fresh, False), (resident, True)):
+        out = teir.buffers.aligned_empty((1024 * 48,), np.float32)
+        teir.compile(optimized, threads=1, resident_output=flag)(a, b, out)
+        np.testing.assert_allclose(out.reshape(48, 1024).T, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_aligned_empty():
     for shape in ((3, 5), (0,), (7,)):
         for dtype in (np.float32, np.float64):

@@ -718,3 +718,54 @@ def test_tree_nodes_never_take_einsums_relayout_copies():
     rng = np.random.default_rng(5)
     a, b = rng.uniform(-1, 1, (1024, 640)), rng.uniform(-1, 1, (1024, 640))
     np.testing.assert_allclose(compiled(a, b), a.T @ b, rtol=1e-11, atol=1e-11)
+
+
+# ((L0 L1 -> P) L2 -> Q) L3 -> R: the root, ik,kj->ji on 512^3, runs the mirror form (FP32)
+# or packs B a column block at a time (FP64) as its operands lie; in the order [0,4] it runs
+# the outer-product kernel on untransposed operands. P (512 x 128) is dead by then: slabs of
+# that order fit where it lay.
+SLABBED = "[[[0,1],[1,2]->[0,2]],[2,3]->[0,3]],[3,4]->[4,0]"
+SLABBED_SIZES = [512, 8, 128, 512, 512]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp64"])
+@pytest.mark.parametrize("relu", [False, True], ids=["plain", "relu"])
+def test_root_in_slabs_of_the_plain_kernels_order_within_free_arena_bytes(dtype, relu):
+    from teir.tree.compiled import CompiledTree
+
+    tree = teir.EinsumTree.parse(SLABBED, SLABBED_SIZES, dtype=dtype)
+    compiled = CompiledTree(tree.root, tree.sizes, tree.dtype, 2, relu=relu)
+    root = compiled.steps[-1]
+    assert root.slabs is not None and root.slabs.order == (0, 4)
+    assert root.slabs.scratch + root.slabs.nbytes <= compiled.intermediate_bytes
+    assert len(root.slabs.offsets) > 1  # in slabs, not whole
+    # the arena is what the intermediates need, no more
+    itemsize = np.dtype(dtype).itemsize
+    assert compiled.intermediate_bytes == compiled.arena_plan.live_peak
+    assert compiled.arena_plan.live_peak == (512 * 128 + 512 * 512) * itemsize
+    assert "computed in the order [0, 4]" in compiled.explain()
+    leaves = make_leaves(tree, 11)
+    expected = evaluate(tree.root, leaves)
+    if relu:
+        expected = np.maximum(expected, 0)
+    scale = float(np.abs(expected).max())
+    for _ in range(2):  # the arena's bytes are reused by the next call
+        np.testing.assert_allclose(compiled(*leaves), expected, **tolerance(dtype, scale))
+    out = np.full((1024, 1536), 3.0, dtype)
+    view = out[::2, ::3]
+    assert compiled(*leaves, out=view) is view
+    np.testing.assert_allclose(view, expected, **tolerance(dtype, scale))
+    out[::2, ::3] = 3.0
+    assert np.all(out == 3.0)  # nothing outside the view was written
+
+
+def test_root_that_accumulates_is_not_slabbed():
+    from teir.tree.compiled import CompiledTree
+
+    tree = teir.EinsumTree.parse(SLABBED, SLABBED_SIZES, dtype=np.float64)
+    compiled = CompiledTree(tree.root, tree.sizes, tree.dtype, 2, accumulate=True)
+    assert compiled.steps[-1].slabs is None  # a slab's permutation overwrites
+    leaves = make_leaves(tree, 12)
+    out = np.full(tree.out_shape, 0.5)
+    compiled(*leaves, out=out)
+    np.testing.assert_allclose(out, evaluate(tree.root, leaves) + 0.5, rtol=1e-10, atol=1e-9)

@@ -349,11 +349,16 @@ def make_plan(
     relu: bool,
     threads: int | None,
     relayout: bool = True,
+    resident_output: bool | None = None,
 ) -> tuple[Plan, list[Operand]]:
     """The plan for these operands (its operands are returned too: they may be new arrays).
     ``relayout=False``: copies are planned only where no kernel fits well as the operands
     lie, never to trade a fitting kernel for the plain outer-product one (an einsum tree,
-    whose intermediates are planned in its arena, lays its nodes out itself)."""
+    whose intermediates are planned in its arena, lays its nodes out itself).
+    ``resident_output``: whether the result is written into memory reused call after call
+    (default: when an ``out`` is given; a result allocated for each call is not)."""
+    if resident_output is None:
+        resident_output = out is not None
     dtype = arrays[0].dtype
     inputs = [operand(a, labels, i) for i, (a, labels) in enumerate(zip(arrays, subscripts.inputs))]
     output = subscripts.output
@@ -374,8 +379,8 @@ def make_plan(
     out_strides = _out_strides(out, output, out_shape)
     fields = build_config(dtype, inputs, output, out_strides, sizes, accumulate, relu)
     for index, (region_fields, offsets) in enumerate(regions(fields, len(inputs) == 2)):
-        config, log = optimize_with_log(region_fields, threads)
-        operation = compile_config(config, threads)
+        config, log = optimize_with_log(region_fields, threads, resident_output=resident_output)
+        operation = compile_config(config, threads, resident_output=resident_output)
         plan.regions.append(Region(offsets, operation))
         if index == 0:
             plan.config, plan.log, plan.operation = config, log, operation
@@ -478,6 +483,20 @@ def plain_outer(plan: Plan) -> bool:
     spec = main.spec
     blocking = choose_blocking(spec, Target.host())
     plain = not (spec.trans_a or spec.trans_b or blocking.pack_a or blocking.pack_b)
+    return plain and blocking.form == "outer"
+
+
+def outer_untransposed(plan: Plan) -> bool:
+    """Whether the plan's BRGEMM kernel runs the outer-product form on both operands in
+    their plain layouts, reading B where it lies: :func:`plain_outer`, or the kernel that
+    packs its A tile (columns far apart) once per call, which it then reuses for every
+    column of C."""
+    main = _main(plan)
+    if main is None or main.kind != "brgemm" or not isinstance(main.spec, BrgemmSpec):
+        return False
+    spec = main.spec
+    blocking = choose_blocking(spec, Target.host())
+    plain = not (spec.trans_a or spec.trans_b or blocking.pack_b)
     return plain and blocking.form == "outer"
 
 

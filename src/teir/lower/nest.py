@@ -77,8 +77,10 @@ class LoopNest:
         return "\n".join(parts)
 
 
-def lower(config: Config) -> LoopNest:
-    """The loop nest that executes ``config`` exactly as written."""
+def lower(config: Config, resident_output: bool = False) -> LoopNest:
+    """The loop nest that executes ``config`` exactly as written. ``resident_output``: the
+    output's memory is reused call after call (not a fresh allocation), which lets kernels
+    store a large output around the caches."""
     s = config.schedule
     notes: list[str] = []
     has_first = config.prim_first is not PrimFirst.NONE
@@ -103,7 +105,7 @@ def lower(config: Config) -> LoopNest:
                 "out tiles are not proven distinct: first/last accesses are tracked per iteration"
             )
 
-    main, main_zero = main_op(config, fuse_zero=config.prim_first is PrimFirst.ZERO)
+    main, main_zero = main_op(config, config.prim_first is PrimFirst.ZERO, resident_output)
     if main_zero is not None and main_zero.kind != "brgemm":
         main_zero = None
     first = None

@@ -33,7 +33,10 @@ from teir.runtime.pool import default_threads
 
 
 def optimize_with_log(
-    config: Config | Mapping[str, Any] | str | os.PathLike[str], threads: int | None = None
+    config: Config | Mapping[str, Any] | str | os.PathLike[str],
+    threads: int | None = None,
+    *,
+    resident_output: bool = False,
 ) -> tuple[Config, tuple[str, ...]]:
     """The optimized configuration and one line per pass saying what it decided."""
     problem = problem_from(config)
@@ -63,7 +66,7 @@ def optimize_with_log(
         problem, text = step(problem)
         log.append(f"{step.__name__}: {text}")
     if prims.prim_main.is_contraction:
-        problem, text = contraction(problem, threads)
+        problem, text = contraction(problem, threads, resident_output)
         log.append(f"identify primitive: {text}")
     else:
         problem, text = unary(problem)
@@ -78,14 +81,20 @@ def optimize_with_log(
 
 
 def optimize(
-    config: Config | Mapping[str, Any] | str | os.PathLike[str], threads: int | None = None
+    config: Config | Mapping[str, Any] | str | os.PathLike[str],
+    threads: int | None = None,
+    *,
+    resident_output: bool = False,
 ) -> Config:
     """An equivalent configuration scheduled for speed on this machine with ``threads``.
 
     ``config`` may also be a mapping of the fields, or the path of a JSON file holding them,
     whose prim axes are not chosen yet (all ``seq``, as the course's optimizer inputs are).
+    ``resident_output=True`` says the output will be memory reused call after call (an
+    ``out`` array, not one allocated for each call): a large one is then tiled in longer
+    column runs, to be stored around the caches (compile it with the same flag).
     """
-    return optimize_with_log(config, threads)[0]
+    return optimize_with_log(config, threads, resident_output=resident_output)[0]
 
 
 __all__ = ["Problem", "optimize", "optimize_with_log"]

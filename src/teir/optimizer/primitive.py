@@ -19,6 +19,7 @@ from teir.lower.tiles import (
     contraction_op,
     copy_outgrows_cache,
     output_outgrows_cache,
+    output_outgrows_share,
 )
 from teir.optimizer.problem import Axis, Problem
 from teir.optimizer.simplify import block_size, divisors, lane_block, split
@@ -253,8 +254,11 @@ def _shared_blocks(
     return min(enough, key=lambda p: (traffic(p), tiles(p), -p[0]))
 
 
-def contraction(problem: Problem, threads: int = 1) -> tuple[Problem, str]:
-    """Choose the kernel's M, N, K (and batch-reduce) axes and block sizes for a contraction."""
+def contraction(
+    problem: Problem, threads: int = 1, resident_output: bool = False
+) -> tuple[Problem, str]:
+    """Choose the kernel's M, N, K (and batch-reduce) axes and block sizes for a contraction
+    (``resident_output``: its output is memory reused call after call, see ``optimize``)."""
     elementwise = _elementwise(problem)
     if elementwise is not None:
         return elementwise
@@ -318,8 +322,15 @@ def contraction(problem: Problem, threads: int = 1) -> tuple[Problem, str]:
         # longer column runs per tile leave fewer lines split between tiles, which must be
         # stored normally when the output is not vector-aligned (TT tree's last step, out 16
         # bytes past a boundary: M 96 -> 192 of 384, 77 -> 88 % of peak; aligned 95 % both).
+        # A resident output beyond the L3 share gains alike, streamed or not: each line split
+        # between tiles is read back from memory to be completed (GETD's 95 MiB intermediate,
+        # FP32, columns 125 elements of 100 KB apart, not vector-aligned: 38 -> 7 ms; into a
+        # new array, whose zeroed pages come through the caches, 47 -> 18 ms, but
+        # ik,kj->ij 4096 x 128 x 4096 FP32 20 -> 35 ms there: only resident outputs).
         out_elements = prod(a.size for a in axes if a.dim_type is not DimType.K)
-        streamed = output_outgrows_cache(out_elements, itemsize)
+        streamed = output_outgrows_cache(out_elements, itemsize) or (
+            resident_output and output_outgrows_share(out_elements, itemsize)
+        )
         row_target = STREAMED_ROWS * targets[0] if streamed else targets[0]
         row_block = lane_block(row.size, row_target, 16, 4 * row_target, lanes)
         column_block = block_size(column.size, targets[1], 8, 2 * targets[1], 4)

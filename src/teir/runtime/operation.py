@@ -250,14 +250,18 @@ def _by_name(tensors: tuple[Any, ...], named: dict[str, Any]) -> tuple[Any, ...]
 Key = TypeVar("Key", bound=Hashable)
 Built = TypeVar("Built")
 
-_operations: dict[tuple[Config, int], Operation] = {}
+_operations: dict[tuple[Config, int, bool], Operation] = {}
 _operations_lock = threading.Lock()
 
 
-def compile(config: Config, threads: int | None = None) -> Operation:
+def compile(
+    config: Config, threads: int | None = None, *, resident_output: bool = False
+) -> Operation:
     """Compile ``config`` into an :class:`Operation` (cached by configuration and threads).
 
     ``threads`` defaults to ``TEIR_NUM_THREADS`` or the cores this process may use.
+    ``resident_output=True`` says the output will be memory that is reused call after call
+    (not allocated anew for each call): a large one is then stored around the caches.
     """
     if not isinstance(config, Config):
         raise TeirError(f"expected a teir.Config, got {type(config).__name__}")
@@ -268,8 +272,8 @@ def compile(config: Config, threads: int | None = None) -> Operation:
     return built_once(
         _operations,
         _operations_lock,
-        (config, threads),
-        lambda: Operation(config, threads, lower(config), Target.host()),
+        (config, threads, resident_output),
+        lambda: Operation(config, threads, lower(config, resident_output), Target.host()),
     )
 
 

@@ -17,13 +17,22 @@ from typing import Any
 import numpy as np
 
 from teir.buffers import aligned_empty
-from teir.frontend.einsum_plan import Plan, make_plan, placeholder
+from teir.frontend.einsum_plan import (
+    RELAYOUT_FLOPS_PER_ELEMENT,
+    Plan,
+    kernel_shortfall,
+    make_plan,
+    outer_untransposed,
+    placeholder,
+    relayout_pays,
+)
 from teir.kernels.arrays import data_address
 from teir.runtime.arguments import as_array
 from teir.tree.layout import einsum_text, lonely_ids, row_major_strides, subscripts
-from teir.tree.memory import Arena, Lifetime, plan_arena
+from teir.tree.memory import Arena, Lifetime, free_room, plan_arena
 from teir.tree.nodes import Node, NodeKind, leaves, post_order, to_string, total_flops
 from teir.tree.parse import TreeError
+from teir.tree.slabs import Slabs, plan_slabs
 
 LEAF, BUFFER, RESULT = "leaf", "buffer", "result"
 
@@ -43,6 +52,7 @@ class Step:
     inputs: tuple[Slot, ...]
     output: Slot
     plan: Plan | None  # None: run through teir.einsum (a node that sums lonely ids)
+    slabs: Slabs | None = None  # set: runs in slabs of another order instead of ``plan``
 
 
 def _mib(nbytes: int) -> str:
@@ -98,12 +108,11 @@ class CompiledTree:
                     last_use[id(child)] = s
         buffered = [n for n in inner if n is not self.root]
         itemsize = self.dtype.itemsize
-        self.arena_plan: Arena = plan_arena(
-            [
-                Lifetime(n.elements(self.sizes) * itemsize, position[id(n)], last_use[id(n)])
-                for n in buffered
-            ]
-        )
+        lifetimes = [
+            Lifetime(n.elements(self.sizes) * itemsize, position[id(n)], last_use[id(n)])
+            for n in buffered
+        ]
+        self.arena_plan: Arena = plan_arena(lifetimes)
         offsets = {id(n): o for n, o in zip(buffered, self.arena_plan.offsets)}
         self._arena = aligned_empty((self.arena_plan.nbytes,), np.uint8)
         self._arena_address = data_address(self._arena) if self.arena_plan.nbytes else 0
@@ -116,10 +125,11 @@ class CompiledTree:
             return Slot(BUFFER, offsets[id(node)])
 
         self.steps: list[Step] = []
-        for node in inner:
+        for number, node in enumerate(inner):
             inputs = tuple(slot(c) for c in node.children)
             output = slot(node)
-            self.steps.append(Step(node, inputs, output, self._plan(node, inputs, output)))
+            room = free_room(lifetimes, self.arena_plan, number)
+            self.steps.append(self._step(node, inputs, output, room))
 
     def _view(self, node: Node, where: Slot) -> Any:
         shape = node.shape(self.sizes)
@@ -136,16 +146,24 @@ class CompiledTree:
         view: np.ndarray = flat.reshape(node.shape(self.sizes))
         return view
 
-    def _plan(self, node: Node, inputs: tuple[Slot, ...], output: Slot) -> Plan | None:
+    def _strides(self, node: Node, where: Slot) -> dict[int, int]:
+        """Element strides of the node's tensor, per id."""
+        if where.kind == LEAF:
+            return dict(zip(node.ids, self.leaf_strides[where.index]))
+        return row_major_strides(node.ids, self.sizes)
+
+    def _step(
+        self, node: Node, inputs: tuple[Slot, ...], output: Slot, room: tuple[int, int]
+    ) -> Step:
         if lonely_ids(node):
-            return None
+            return Step(node, inputs, output, None)
         root = output.kind == RESULT
         if root and self.accumulate and len(node.children) == 1:
             # A Copy overwrites its output: teir.einsum adds the permuted root through a
             # temporary instead.
-            return None
+            return Step(node, inputs, output, None)
         arrays = [self._view(c, s) for c, s in zip(node.children, inputs)]
-        plan, _ = make_plan(
+        plan, operands = make_plan(
             subscripts(node),
             arrays,
             self._view(node, output),
@@ -153,10 +171,25 @@ class CompiledTree:
             self.relu and root,
             self.threads,
             relayout=False,
+            resident_output=output.kind == BUFFER,  # the root's result is allocated per call
         )
         if plan.canonical is not None or plan.empty or any(plan.reductions):
-            return None  # not expected after legalize; teir.einsum handles it correctly
-        return plan
+            # not expected after legalize; teir.einsum handles it correctly
+            return Step(node, inputs, output, None)
+        slabs = None
+        if (
+            len(node.children) == 2
+            and not (root and self.accumulate)  # the permutation of a slab overwrites
+            and relayout_pays(plan, operands)
+            and not outer_untransposed(plan)
+            and node.flops(self.sizes) >= RELAYOUT_FLOPS_PER_ELEMENT * node.elements(self.sizes)
+        ):
+            strides = [self._strides(c, s) for c, s in zip(node.children, inputs)]
+            strides.append(self._strides(node, output))
+            slabs = plan_slabs(
+                node, self.sizes, strides, self.dtype, self.threads, self.relu and root, room
+            )
+        return Step(node, inputs, output, plan, slabs)
 
     # ---- running -------------------------------------------------------------------------
     def _leaves(self, tensors: Sequence[Any]) -> list[np.ndarray]:
@@ -252,6 +285,11 @@ class CompiledTree:
                     self._run_einsum(step, arrays, result)
                     continue
                 a1 = address(step.inputs[1]) if len(step.inputs) == 2 else 0
+                if step.slabs is not None:
+                    step.slabs.run(
+                        address(step.inputs[0]), a1, address(step.output), self._arena_address
+                    )
+                    continue
                 step.plan.run(address(step.inputs[0]), a1, address(step.output))
 
     def _run_einsum(self, step: Step, arrays: list[np.ndarray], result: np.ndarray) -> None:
@@ -304,6 +342,13 @@ class CompiledTree:
                 lines.append(
                     "# runs through teir.einsum (it sums an id of one operand, or has a size 0)"
                 )
+            elif step.slabs is not None:
+                identified = [x for x in step.plan.log if x.startswith("identify primitive")]
+                lines.append(
+                    f"# in its own order: {'; '.join(identified)}, whose kernel "
+                    f"{kernel_shortfall(step.plan)}"
+                )
+                lines += step.slabs.explain().splitlines()
             else:
                 lines += [line for line in step.plan.explain().splitlines()[1:]]
         return "\n".join(lines)

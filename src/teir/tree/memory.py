@@ -75,4 +75,21 @@ def plan_arena(lifetimes: Sequence[Lifetime]) -> Arena:
     return Arena(tuple(offsets), nbytes, live_peak(lifetimes))
 
 
-__all__ = ["Arena", "Lifetime", "live_peak", "plan_arena"]
+def free_room(lifetimes: Sequence[Lifetime], arena: Arena, step: int) -> tuple[int, int]:
+    """The longest run of arena bytes no tensor live at ``step`` occupies: (offset, bytes).
+    A step may use it as scratch: what lies there was last read before it, or is written
+    after it."""
+    busy = sorted(
+        (offset, offset + _aligned(life.nbytes))
+        for life, offset in zip(lifetimes, arena.offsets)
+        if life.first <= step <= life.last
+    )
+    best, start = (0, 0), 0
+    for begin, end in [*busy, (arena.nbytes, arena.nbytes)]:
+        if begin - start > best[1]:
+            best = (start, begin - start)
+        start = max(start, end)
+    return best
+
+
+__all__ = ["Arena", "Lifetime", "free_room", "live_peak", "plan_arena"]
