@@ -769,3 +769,35 @@ def test_root_that_accumulates_is_not_slabbed():
     out = np.full(tree.out_shape, 0.5)
     compiled(*leaves, out=out)
     np.testing.assert_allclose(out, evaluate(tree.root, leaves) + 0.5, rtol=1e-10, atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp64"])
+def test_slabs_in_every_order_of_a_batched_root(monkeypatch, dtype):
+    """With the thresholds lowered so that small trees take slabs, every order of a batched
+    root (batch id 5) and of its left operand gives the oracle's result, slabbed or not."""
+    import itertools
+
+    from teir.frontend import einsum_plan
+    from teir.tree import compiled as compiled_module
+    from teir.tree import slabs
+
+    monkeypatch.setattr(einsum_plan, "RELAYOUT_FLOPS_PER_ELEMENT", 0)
+    monkeypatch.setattr(compiled_module, "RELAYOUT_FLOPS_PER_ELEMENT", 0)
+    monkeypatch.setattr(slabs, "SLAB_LEAST_ELEMENTS", 1)
+    sizes = [48, 4, 40, 64, 40, 3]
+    slabbed = 0
+    for left in itertools.permutations([5, 0, 3]):
+        for root in itertools.permutations([5, 0, 4]):
+            text = (
+                f"[[[0,1],[1,2]->[0,2]],[2,3,5]->[{','.join(map(str, left))}]],[5,3,4]->"
+                f"[{','.join(map(str, root))}]"
+            )
+            tree = teir.EinsumTree.parse(text, sizes, dtype=dtype)
+            compiled = compiled_module.CompiledTree(tree.root, tree.sizes, tree.dtype, 2)
+            slabs_of_root = compiled.steps[-1].slabs
+            if slabs_of_root is not None:
+                slabbed += 1
+                assert slabs_of_root.scratch + slabs_of_root.nbytes <= compiled.intermediate_bytes
+            leaves = make_leaves(tree, len(text))
+            check(tree, leaves, compiled(*leaves))
+    assert slabbed > 0  # here: the orders [5,4,0] and [4,5,0], in slabs of each batch index
