@@ -1054,7 +1054,7 @@ class _Emitter:
         spec, blk = self.spec, self.b
         if not self.streams_c() or blk.form != "outer" or blk.pack_whole:
             return []
-        if spec.m < SHIFT_LEAST_VECTORS * blk.lanes:
+        if -(-spec.m // blk.lanes) < SHIFT_LEAST_VECTORS:
             return []  # the extra vector per column costs more than the streaming saves
         step = 16 // spec.itemsize
         return list(range(step, blk.lanes, step))
@@ -1372,10 +1372,11 @@ def _scalar_function(
     f.finish()
 
 
-# A C tile gets the shifted sweeps only with at least this many vectors per column: the
-# shift adds one (FP32 C 16 bytes past a boundary, streamed: M 96 60 -> 75 % of peak, M 32
-# 63 -> 50 %).
-SHIFT_LEAST_VECTORS = 4
+# A C tile gets the shifted sweeps only with at least this many vectors per column (a partial
+# one counted): the shift adds one (FP32 C 16 bytes past a boundary, streamed: M 96 60 -> 75 %
+# of peak, M 32 63 -> 50 %; trus,pqtu->pqrs 32x64x64x64 by 48x48x32x64 into a np.zeros out,
+# M 64, on the Xeon: 57 % shifted, 82 % stored normally).
+SHIFT_LEAST_VECTORS = 5
 
 
 def _parts(total: int, step: int) -> list[tuple[int, int, int]]:
