@@ -319,6 +319,24 @@ def test_contract_expression_is_reusable():
         expr(np.ones((4, 6, 5), np.float32))
 
 
+@pytest.mark.parametrize(
+    "subscripts, shapes",
+    [("ij,jk->ik", [(6, 5), (5, 3)]), ("ij,jk,kl->il", [(6, 5), (5, 3), (3, 4)])],
+    ids=["two", "three"],
+)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_contract_expression_converts_operands_to_its_dtype(subscripts, shapes, dtype):
+    other = np.float64 if dtype == np.float32 else np.float32
+    expr = teir.contract_expression(subscripts, *shapes, dtype=dtype)
+    arrays = operands(shapes, other)
+    teir.einsum(subscripts, *arrays)  # einsum itself keeps the arrays' dtype, and
+    result = expr(*arrays)  # its cached call for them must not answer the expression
+    assert result.dtype == dtype
+    expected = np.einsum(subscripts, *[a.astype(np.float64) for a in arrays])
+    np.testing.assert_allclose(result, expected, rtol=1e-5, atol=1e-6)
+    assert expr(*[[list(row) for row in a] for a in arrays]).dtype == dtype  # lists too
+
+
 def test_plans_are_cached():
     a, b = operands([(9, 8), (8, 7)])
     first = teir.einsum_plan("ij,jk->ik", a, b)

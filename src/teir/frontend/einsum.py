@@ -528,6 +528,11 @@ class ContractExpression:
 
     def __call__(self, *operands: Any, out: Any = None) -> Any:
         _check_accumulate_target(self.accumulate, out)
+        if not all(type(value) is np.ndarray and value.dtype == self.dtype for value in operands):
+            # compiled for one dtype: operands of another are converted to it, as a tree's are
+            operands = tuple(
+                a if a.dtype == self.dtype else a.astype(self.dtype) for a in _arrays(operands)
+            )
         if self.tree is None:  # the checked call einsum would try first
             options = (out is None, self.accumulate, self.relu, self.threads)
             call = _recent.get((self.subscripts, len(operands), *options))
@@ -592,7 +597,8 @@ def contract_expression(
     optimize: Any = None,
 ) -> ContractExpression:
     """A reusable compiled einsum for operands of the given shapes (any number of operands;
-    three or more are compiled as an einsum tree along opt_einsum's path ``optimize``)."""
+    three or more are compiled as an einsum tree along opt_einsum's path ``optimize``).
+    Operands of another dtype than ``dtype`` are converted to it: the result has ``dtype``."""
     return ContractExpression(subscripts, shapes, dtype, threads, accumulate, relu, optimize)
 
 
