@@ -589,6 +589,15 @@ def test_single_leaf_and_permutation_trees():
     np.testing.assert_array_equal(tree.compile()(x), x.transpose(1, 2, 0))
 
 
+def test_a_leaf_of_no_ids_takes_a_numpy_scalar():
+    tree = teir.EinsumTree.parse("[],[0]->[0]", [4], dtype=np.float32)
+    x = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(tree(np.float32(2.5), x), 2.5 * x)
+    np.testing.assert_array_equal(tree(np.array(2.5, np.float32), x), 2.5 * x)
+    with pytest.raises(teir.TreeError, match="dtype float64"):
+        tree(np.float64(2.5), x)
+
+
 @pytest.mark.parametrize(
     ("text", "sizes"),
     [

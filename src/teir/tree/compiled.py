@@ -200,6 +200,8 @@ class CompiledTree:
             )
         arrays = []
         for index, value in enumerate(tensors):
+            if isinstance(value, np.generic):
+                value = np.asarray(value)  # a NumPy scalar: a leaf of no ids
             array = value if isinstance(value, np.ndarray) else as_array(f"leaf {index}", value)
             shape = self.leaf_shapes[index]
             if array.shape != shape:
