@@ -1,9 +1,10 @@
 """A compiled einsum tree: every node planned and compiled once, intermediates in one arena.
 
 Calling it checks the leaves, then runs the nodes in post-order on raw addresses: no
-allocation but the result (none with ``out=``). Documented exceptions: a leaf that is not laid
-out as compiled is copied first, and a node that sums an id of one operand only (einsum
-semantics) reduces it with NumPy first.
+allocation but the result (none with ``out=``). A node may run in slabs of another order
+through arena bytes free at its step (:mod:`teir.tree.slabs`). Documented exceptions: a leaf
+that is not laid out as compiled is copied first, and a node that sums an id of one operand
+only (einsum semantics) reduces it with NumPy first.
 """
 
 from __future__ import annotations

@@ -29,20 +29,20 @@ from teir.tree.layout import label
 from teir.tree.nodes import Node
 
 # A slab is written and read back within the caches: at most half this process's share of
-# the last level (``l3_share``), and at least this many elements: below, its calls (a
-# contraction and a permutation, each dispatched to the threads) cost more than the plain
-# kernel gains.
+# the last level (``l3_share``), and at least this many elements, so that its two calls (a
+# contraction and a permutation, each dispatched to the threads) stay few (a bound chosen,
+# not measured: GETD's slabs hold 390625).
 SLAB_LEAST_ELEMENTS = 1 << 16
 
 
 @dataclass(frozen=True)
 class Slabs:
-    """The node as ``count`` slabs: each computed by ``contraction`` into the arena's free
-    bytes at ``scratch`` (in ``order[depth:]``), then permuted into place by
+    """The node as ``len(offsets)`` slabs: each computed by ``contraction`` into the arena's
+    free bytes at ``scratch`` (in ``order[depth:]``), then permuted into place by
     ``permutation``."""
 
     order: tuple[int, ...]  # the node's ids in the order the slabs are computed in
-    depth: int  # order[:depth] is iterated over; order[depth] in chunks of ``chunk``
+    depth: int  # order[:depth] is iterated over; order[depth] in chunks of ``chunk`` (0: whole)
     chunk: int
     contraction: Plan
     permutation: Plan
