@@ -500,7 +500,7 @@ def outer_untransposed(plan: Plan) -> bool:
     return plain and blocking.form == "outer"
 
 
-def _other_kernel(plan: Plan) -> bool:
+def other_kernel(plan: Plan) -> bool:
     """Whether the plan runs a BRGEMM kernel that fills its vector lanes but is not the plain
     outer-product one (a kernel filling fewer lanes is the copying fallback's own case)."""
     main = _main(plan)
@@ -512,7 +512,7 @@ def _other_kernel(plan: Plan) -> bool:
 def relaid(plan: Plan, product: Plan) -> bool:
     """Whether ``product`` runs the plain outer-product kernel where ``plan``, which fills
     its vector lanes, runs another BRGEMM kernel."""
-    return _other_kernel(plan) and plain_outer(product)
+    return other_kernel(plan) and plain_outer(product)
 
 
 def kernel_shortfall(plan: Plan) -> str:
@@ -533,7 +533,7 @@ def relayout_pays(plan: Plan, inputs: list[Operand]) -> bool:
     """Whether copying inputs once into layouts that give the plain outer-product kernel
     (:func:`plain_outer`) may pay: the plan runs another BRGEMM kernel, and the contraction
     does at least ``RELAYOUT_FLOPS_PER_ELEMENT`` FLOPs per element of its inputs."""
-    if plan.operation is None or not _other_kernel(plan):
+    if plan.operation is None or not other_kernel(plan):
         return False
     elements = sum(op.array.size for op in inputs)
     return plan.operation.config.flops >= RELAYOUT_FLOPS_PER_ELEMENT * elements

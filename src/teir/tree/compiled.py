@@ -23,9 +23,9 @@ from teir.frontend.einsum_plan import (
     Plan,
     kernel_shortfall,
     make_plan,
+    other_kernel,
     outer_untransposed,
     placeholder,
-    relayout_pays,
 )
 from teir.kernels.arrays import data_address
 from teir.runtime.arguments import as_array
@@ -164,7 +164,7 @@ class CompiledTree:
             # temporary instead.
             return Step(node, inputs, output, None)
         arrays = [self._view(c, s) for c, s in zip(node.children, inputs)]
-        plan, operands = make_plan(
+        plan, _ = make_plan(
             subscripts(node),
             arrays,
             self._view(node, output),
@@ -181,7 +181,7 @@ class CompiledTree:
         if (
             len(node.children) == 2
             and not (root and self.accumulate)  # the permutation of a slab overwrites
-            and relayout_pays(plan, operands)
+            and other_kernel(plan)
             and not outer_untransposed(plan)
             and node.flops(self.sizes) >= RELAYOUT_FLOPS_PER_ELEMENT * node.elements(self.sizes)
         ):
