@@ -408,6 +408,23 @@ def test_fuzz_configs_and_arrays_never_crash(data, draw):
     assert_close(config, arrays[2], expected, k_terms(config) * 4)
 
 
+def _zero_gemm(m: int, n: int, k: int) -> dict:
+    """An FP32 GEMM with a first Zero, all axes sequential: A M-major, B K-major, out
+    M-major."""
+    return {
+        "data_type": "FP32",
+        "prim_first": "Zero",
+        "prim_main": "GEMM",
+        "prim_last": "None",
+        "dim_types": ["M", "N", "K"],
+        "exec_types": ["seq", "seq", "seq"],
+        "dim_sizes": [m, n, k],
+        "strides_in0": [1, 0, m],
+        "strides_in1": [0, k, 1],
+        "strides_out": [1, m, 0],
+    }
+
+
 def test_outputs_far_larger_than_the_caches_are_streamed(monkeypatch):
     """A kernel writing each output tile once, into an output of more than twice the
     last-level cache, stores it around the caches; not when a last ReLU reads it back."""
@@ -415,18 +432,7 @@ def test_outputs_far_larger_than_the_caches_are_streamed(monkeypatch):
     from teir.lower.nest import lower
 
     monkeypatch.setattr(tiles, "cache_sizes", lambda: {"L1": 1024, "L2": 2048, "L3": 4096})
-    config = {
-        "data_type": "FP32",
-        "prim_first": "Zero",
-        "prim_main": "GEMM",
-        "prim_last": "None",
-        "dim_types": ["M", "N", "K"],
-        "exec_types": ["seq", "seq", "seq"],
-        "dim_sizes": [64, 64, 32],
-        "strides_in0": [1, 0, 64],
-        "strides_in1": [0, 32, 1],
-        "strides_out": [1, 64, 0],
-    }
+    config = _zero_gemm(64, 64, 32)
     nest = lower(teir.optimize(config, threads=1))
     assert nest.main_zero is not None and nest.main_zero.spec.stream_c
     relu = lower(teir.optimize({**config, "prim_last": "ReLU"}, threads=1))
@@ -448,18 +454,7 @@ def test_resident_outputs_beyond_the_l3_share_are_streamed_in_longer_rows(monkey
     from teir.lower.nest import lower
 
     monkeypatch.setattr(tiles, "l3_share", lambda: 16 << 10)
-    config = {
-        "data_type": "FP32",
-        "prim_first": "Zero",
-        "prim_main": "GEMM",
-        "prim_last": "None",
-        "dim_types": ["M", "N", "K"],
-        "exec_types": ["seq", "seq", "seq"],
-        "dim_sizes": [1024, 48, 32],
-        "strides_in0": [1, 0, 1024],
-        "strides_in1": [0, 32, 1],
-        "strides_out": [1, 1024, 0],
-    }
+    config = _zero_gemm(1024, 48, 32)
 
     def tile_rows(optimized: teir.Config) -> int:
         s = optimized.schedule

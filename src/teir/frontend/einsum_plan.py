@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from teir.codegen.brgemm import choose_blocking
+from teir.codegen.brgemm import Blocking, choose_blocking
 from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target
 from teir.frontend.einsum_parse import EinsumError, Subscripts, numpy_subscripts
@@ -471,19 +471,26 @@ def kernel_depth(plan: Plan) -> int:
     return main.spec.k * choose_blocking(main.spec, Target.host()).chunk
 
 
+def _outer_blocking(plan: Plan) -> Blocking | None:
+    """The blocking of the plan's BRGEMM kernel if it runs the outer-product form on both
+    operands in their plain layouts (A unit stride on M, B on K), reading B where it lies."""
+    main = _main(plan)
+    if main is None or main.kind != "brgemm" or not isinstance(main.spec, BrgemmSpec):
+        return None
+    spec = main.spec
+    blocking = choose_blocking(spec, Target.host())
+    plain = not (spec.trans_a or spec.trans_b or blocking.pack_b)
+    return blocking if plain and blocking.form == "outer" else None
+
+
 def plain_outer(plan: Plan) -> bool:
     """Whether the plan's BRGEMM kernel runs the outer-product form on both operands in
     their plain layouts (A unit stride on M, B on K) as the nest hands them over, copying
     neither on its calls: the kernel that reaches the highest fraction of peak. The others
     copy an operand on every call (A with columns far apart, B a column block at a time),
     broadcast from rows of a transposed B, or run the mirror or dot forms."""
-    main = _main(plan)
-    if main is None or main.kind != "brgemm" or not isinstance(main.spec, BrgemmSpec):
-        return False
-    spec = main.spec
-    blocking = choose_blocking(spec, Target.host())
-    plain = not (spec.trans_a or spec.trans_b or blocking.pack_a or blocking.pack_b)
-    return plain and blocking.form == "outer"
+    blocking = _outer_blocking(plan)
+    return blocking is not None and not blocking.pack_a
 
 
 def outer_untransposed(plan: Plan) -> bool:
@@ -491,13 +498,7 @@ def outer_untransposed(plan: Plan) -> bool:
     their plain layouts, reading B where it lies: :func:`plain_outer`, or the kernel that
     packs its A tile (columns far apart) once per call, which it then reuses for every
     column of C."""
-    main = _main(plan)
-    if main is None or main.kind != "brgemm" or not isinstance(main.spec, BrgemmSpec):
-        return False
-    spec = main.spec
-    blocking = choose_blocking(spec, Target.host())
-    plain = not (spec.trans_a or spec.trans_b or blocking.pack_b)
-    return plain and blocking.form == "outer"
+    return _outer_blocking(plan) is not None
 
 
 def other_kernel(plan: Plan) -> bool:

@@ -27,7 +27,7 @@ from teir.frontend.copy_fallback import ROW_GAP_LIMIT_BYTES
 from teir.frontend.einsum_parse import Subscripts
 from teir.frontend.einsum_plan import Plan, make_plan, outer_untransposed, placeholder
 from teir.ir import DimType, Tensor
-from teir.tree.layout import label
+from teir.tree.layout import label, roles
 from teir.tree.nodes import Node
 
 # A slab is written and read back within the caches: at most half this process's share of
@@ -79,10 +79,8 @@ class Slabs:
 def _orders(node: Node) -> list[tuple[int, ...]]:
     """The orders that give the GEMM kernel unit strides on the result: the product's (N
     then M, innermost last) and the transposed product's (M then N), batch ids outermost."""
-    in0, in1 = (set(c.ids) for c in node.children)
-    c = [i for i in node.ids if i in in0 and i in in1]
-    m = [i for i in node.ids if i in in0 and i not in in1]
-    n = [i for i in node.ids if i in in1 and i not in in0]
+    by_role = roles(node)
+    c, m, n = by_role["C"], by_role["M"], by_role["N"]
     found = []
     for order in (tuple(c + n + m), tuple(c + m + n)):
         if order != node.ids and order not in found:
