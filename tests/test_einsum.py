@@ -914,3 +914,27 @@ def test_reductions_with_no_label_dividing_between_threads_leave_a_rest(
         views = split_views(plan.split, plan.subscripts, arrays)
         part = teir.einsum_plan(plan.split.subscripts, *views, threads=threads).explain()
         assert "(of 299)" in part and "dot form" in part
+
+
+def test_fallback_result_is_resident_only_when_it_is_the_callers_out(monkeypatch):
+    """The copying fallback's contraction that writes the result in place is planned for a
+    result allocated per call when no out is given (its zeroed pages arrive through the
+    caches: streaming past them doubled the writes) and for reused memory with out=."""
+    import teir.lower.tiles as tiles
+    from teir.frontend.einsum import clear_plans
+
+    monkeypatch.setattr(tiles, "l3_share", lambda: 16 << 10)
+    rng = np.random.default_rng(5)
+    a = rng.random((8, 16, 64, 64))
+    b = rng.random((16, 32, 8))
+    expected = np.einsum("aecb,eda->acbd", a, b)
+    for out in (None, np.zeros((8, 64, 64, 32))):
+        clear_plans()
+        result = teir.einsum("aecb,eda->acbd", a, b, out=out)
+        again = teir.einsum("aecb,eda->acbd", a, b, out=out)  # the replay of the steps
+        for r in (result, again):
+            np.testing.assert_allclose(r, expected, rtol=1e-12)
+        text = teir.einsum_plan("aecb,eda->acbd", a, b, out=out).explain()
+        assert "in1 is copied into the order ade (innermost last)" in text
+        kernel = next(line for line in text.splitlines() if "main_zero:" in line)
+        assert ("_stream" in kernel) == (out is not None), kernel

@@ -110,6 +110,7 @@ def _key(
     relu: bool,
     threads: int | None,
     split: bool = True,
+    fresh: bool = False,
 ) -> tuple[Any, ...]:
     first, last = arrays[0], arrays[-1]
     if len(arrays) <= 2:  # spelled out: every call of the direct path builds this key
@@ -126,6 +127,7 @@ def _key(
         relu,
         threads,
         split,
+        fresh,
     )
 
 
@@ -138,15 +140,20 @@ def _plan(
     threads: int,
     split: bool = True,
     fallback: bool = True,
+    fresh: bool = False,
 ) -> tuple[Plan, tuple[bool, ...]]:
     """The cached plan for these operands (``fallback=False``: a plan that would need the
-    copying fallback is returned without one, and not cached)."""
-    key = _key(subscripts, arrays, out, accumulate, relu, threads, split)
+    copying fallback is returned without one, and not cached). ``fresh``: ``out`` stands for
+    a result allocated for the call, written once (see ``make_plan``'s resident_output)."""
+    key = _key(subscripts, arrays, out, accumulate, relu, threads, split, fresh)
     found = _plans.get(key)
     if found is not None:
         return found[0], found[1]
     parsed = parse(subscripts, [a.ndim for a in arrays])
-    plan, inputs = make_plan(parsed, arrays, out, accumulate, relu, threads)
+    resident = False if fresh else None
+    plan, inputs = make_plan(
+        parsed, arrays, out, accumulate, relu, threads, resident_output=resident
+    )
     # Operands used in place need only their address per call; the others are prepared again.
     direct = tuple(
         op.array is a and not labels
@@ -160,7 +167,12 @@ def _plan(
             subscripts: str, operands: list[np.ndarray], target: np.ndarray, last: bool
         ) -> Plan:
             options = (accumulate, relu) if last else (False, False)
-            return _plan(subscripts, operands, target, *options, threads, fallback=False)[0]
+            # copies go to scratch reused call after call; the result, without an out, is
+            # allocated for each call
+            fresh = last and out is None
+            return _plan(
+                subscripts, operands, target, *options, threads, fallback=False, fresh=fresh
+            )[0]
 
         relayout = relayout_pays(plan, inputs)
         plan.canonical, plan.product = copy_fallback.choose(
@@ -331,13 +343,17 @@ def _one_or_two(
     accumulate: bool,
     relu: bool,
     split: bool = True,
+    fresh: bool = False,
 ) -> Any:
-    """:func:`einsum` of one or two operands (``split=False``: never share a reduction)."""
+    """:func:`einsum` of one or two operands (``split=False``: never share a reduction;
+    ``fresh``: ``out`` is a result allocated for this call, see :func:`_plan`)."""
     out_array = None
     if out is not None:
         out_array = out if isinstance(out, np.ndarray) else as_array("out", out)
         _check_writable(out_array)
-    plan, direct = _plan(subscripts, arrays, out_array, accumulate, relu, threads, split)
+    plan, direct = _plan(
+        subscripts, arrays, out_array, accumulate, relu, threads, split, fresh=fresh
+    )
     dtype = plan.dtype
     if out_array is not None:
         out_array = _check_out(out_array, plan.out_shape, dtype)
@@ -345,7 +361,7 @@ def _one_or_two(
     if plan.canonical is not None:
         replay = _through_canonical(plan, arrays, out_array, result, threads, accumulate, relu)
         if replay is not None:
-            key = _key(subscripts, arrays, out_array, accumulate, relu, threads, split)
+            key = _key(subscripts, arrays, out_array, accumulate, relu, threads, split, fresh)
             with _lock:
                 if key in _plans and _plans[key][0] is plan:
                     _plans[key] = (plan, direct, replay)
@@ -427,16 +443,11 @@ def _through_canonical(
 
     def step(subscripts: str, operands: list[np.ndarray], target: np.ndarray, last: bool) -> None:
         options = (accumulate and last, relu and last)
-        einsum(
-            subscripts,
-            *operands,
-            out=target,
-            threads=threads,
-            accumulate=options[0],
-            relu=options[1],
-        )
+        # planned as choose() planned it: the result, without an out, is new at every call
+        fresh = last and out is None
+        _one_or_two(subscripts, operands, target, threads, *options, fresh=fresh)
         if record:
-            found = _plans.get(_key(subscripts, operands, target, *options, threads))
+            found = _plans.get(_key(subscripts, operands, target, *options, threads, True, fresh))
             call = found[2] if found is not None else None
             call = call if isinstance(call, DirectCall) else None
             steps.append(RecordedStep(call, tuple(operands), target))
