@@ -80,6 +80,7 @@ TWO_PIPE_MOST_VECTORS = 5
 # transposed 91 -> 97). Only tiles that fill most of their extent, and no more than this
 # part of L2 with the tiles in use (the attention output's 640 KiB of next tiles: 95 -> 91).
 PREFETCH_BURST = 64
+_BOUNDARY_PREFETCH = True
 PREFETCH_L2_PART = 4
 PREFETCH_LEAST_FILL = 0.75
 # ... and only kernels with this many FMAs per line to prefetch: a shorter one finds the next
@@ -157,7 +158,9 @@ class Blocking:
         if not self.pack_a:
             return 0
         padded = self.vectors * self.lanes
-        blocks = -(-spec.m // padded) if self.pack_whole else 1
+        # a shifted sweep (a streamed C) packs up to a vector's rows more, before the tile
+        rows = spec.m + (self.lanes - 1 if spec.stream_c else 0)
+        blocks = -(-rows // padded) if self.pack_whole else 1
         return self.chunk * spec.k * padded * blocks * spec.itemsize
 
     def b_buffer_bytes(self, spec: BrgemmSpec) -> int:
@@ -662,20 +665,34 @@ class _Emitter:
 
             over(parts, row_step, block, "row")
 
-        if blk.pack_whole:
-            whole = self.pack_rows(a, rows_total, batch)
+        def whole_sweep(shift: int) -> None:
+            # A's rows (from -shift, shifted) packed at once, then column blocks outside
+            whole = self.pack_rows(a, rows_total + shift, batch, -shift, shift)
 
             def packed_col_block(c0: str | int, cols: int) -> None:
-                def packed_block(r0: str | int, rows: int) -> None:
-                    row = self.f.udiv_i64(r0, row_step) if prefetching else 0
-                    prefetch(row, c0, rows_inside=True, rows=row_count(0))
-                    buffer = self.f.gep(self.t, whole, self.f.mul_i64(r0, batch * spec.k))
-                    self.outer_block(buffer, b, r0, c0, rows, cols, batch, overwrite, packed=True)
+                if shift and _BOUNDARY_PREFETCH:
+                    self.prefetch_boundaries(c0, col_step, cols_total, rows_total, shift)
 
-                over(row_parts, row_step, packed_block, "row")
+                def packed_block(r0: str | int, rows: int, head: int, row: str | int) -> None:
+                    prefetch(row, c0, rows_inside=True, rows=row_count(shift))
+                    start = self.f.mul_i64(self.f.add_i64(r0, shift), batch * spec.k)
+                    self.outer_block(
+                        self.f.gep(self.t, whole, start),
+                        b,
+                        r0,
+                        c0,
+                        rows,
+                        cols,
+                        batch,
+                        True if shift else overwrite,
+                        packed=True,
+                        head=head,
+                        aligned=bool(shift),
+                    )
+
+                over_rows(shift, packed_block)
 
             over(col_parts, col_step, packed_col_block, "col")
-            return
 
         def packed_sweep(shift: int) -> None:
             # Row blocks outside: pack the block's A once, then every column block uses it.
@@ -704,6 +721,8 @@ class _Emitter:
 
         def plain_sweep(shift: int) -> None:
             def col_block(c0: str | int, cols: int) -> None:
+                if shift and _BOUNDARY_PREFETCH:
+                    self.prefetch_boundaries(c0, col_step, cols_total, rows_total, shift)
                 # every row block below reads the column block's B from the buffer
                 columns = self.pack_b(b, c0, cols, batch, col_step) if blk.pack_b else b
 
@@ -730,7 +749,9 @@ class _Emitter:
 
             over(col_parts, col_step, col_block, "col")
 
-        sweep = packed_sweep if blk.pack_a else plain_sweep
+        sweep = plain_sweep
+        if blk.pack_a:
+            sweep = whole_sweep if blk.pack_whole else packed_sweep
         shifts = self.c_shifts()
         if not shifts:
             sweep(0)
@@ -747,6 +768,28 @@ class _Emitter:
             self.f.when(is_shift, lambda: sweep(shift), lambda: choose(remaining[1:]))
 
         choose(shifts)
+
+    def prefetch_boundaries(
+        self, c0: str | int, col_step: int, cols_total: int, rows: int, shift: int
+    ) -> None:
+        """Before a column block of a shifted sweep, fetch for writing the lines that the
+        next column block (the first: also this one) stores under a mask, each column's first
+        and last: stores that do not fill a line must read it first, and a streamed C is in
+        no cache."""
+        f, spec = self.f, self.spec
+        targets: list[str | int] = [f.add_i64(c0, col_step)]
+        if c0 == 0:
+            targets.insert(0, 0)
+        self.module.declare("prefetch", "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
+        for start in targets:
+            for j in range(col_step):
+                col = f.umin_i64(f.add_i64(start, j), cols_total - 1)
+                column = f.mul_i64(col, spec.ldc)
+                for row in (-shift, rows - 1):
+                    # the first line may begin before C (prefetches never fault)
+                    offset = f.add_i64(column, row)
+                    pointer = f.assign(f"getelementptr {self.t}, ptr %C, i64 {offset}", "p")
+                    f.emit(f"call void @llvm.prefetch.p0(ptr {pointer}, i32 1, i32 3, i32 1)")
 
     def prefetch_next(self, block: str | int, blocks: int, lines_ab: tuple[int, int]) -> None:
         """Prefetch register block ``block``'s share (of ``blocks``) of the next call's A and B
@@ -1052,7 +1095,7 @@ class _Emitter:
         the alignment NumPy gives large arrays (FP32 with C 16 bytes past a boundary:
         60 % of peak with regular stores, 94 % shifted)."""
         spec, blk = self.spec, self.b
-        if not self.streams_c() or blk.form != "outer" or blk.pack_whole:
+        if not self.streams_c() or blk.form != "outer":
             return []
         if -(-spec.m // blk.lanes) < SHIFT_LEAST_VECTORS:
             return []  # the extra vector per column costs more than the streaming saves
