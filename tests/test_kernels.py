@@ -539,8 +539,9 @@ def _run_at_every_shift(specs: list[BrgemmSpec], lanes: int) -> None:
 def test_streamed_c_at_every_alignment(dtype):
     """``stream_c`` kernels store C's full vectors non-temporally where C is vector-aligned
     at run time; C 16, 32 or 48 bytes past a boundary is swept from a shifted start with its
-    edge lanes masked, and other offsets store normally. All give the same result and touch
-    nothing else."""
+    edge lanes masked (where columns follow each other, ldc = m, the tail of one and the
+    head of the next joined into one vector, across column blocks too), and other offsets
+    store normally. All give the same result and touch nothing else."""
     lanes = HOST.lanes(4 if dtype == "f32" else 8)
     specs: list[BrgemmSpec] = []
     for m, n, k, batch, ldc in (
@@ -549,6 +550,9 @@ def test_streamed_c_at_every_alignment(dtype):
         (lanes - 2, 3, 5, 2, lanes),
         (6 * lanes, 17, 3, 1, 7 * lanes),
         (4 * lanes + 5, 4, 6, 1, 5 * lanes),
+        (6 * lanes, 17, 3, 1, 6 * lanes),
+        (5 * lanes, 29, 5, 2, 5 * lanes),
+        (7 * lanes, 1, 4, 1, 7 * lanes),
     ):
         for trans_a in (False, True):
             specs.append(_streamed_c(dtype, m, n, k, batch, trans_a, k if trans_a else m, ldc))
