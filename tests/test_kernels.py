@@ -774,8 +774,8 @@ def test_streamed_c_from_a_packed_whole_at_every_alignment(dtype):
     bytes past a vector boundary from a shifted start as well, the rows before the tile
     packed as zeros into a buffer one block longer where need be (FP64 tensor-train root
     into a NumPy out 16 bytes off: C through the caches, 290 -> 158 ms), with contiguous
-    columns (ldc = m) or gaps between them, every row count a whole number of blocks or not,
-    the boundary lines of the next column block fetched ahead."""
+    columns (ldc = m, joined at their seams) or gaps between them, every row count a whole
+    number of blocks or not."""
     lanes = HOST.lanes(4 if dtype == "f32" else 8)
     itemsize = 4 if dtype == "f32" else 8
     far = 4096 // itemsize  # A's columns pages apart: the kernel packs A

@@ -80,8 +80,6 @@ TWO_PIPE_MOST_VECTORS = 5
 # transposed 91 -> 97). Only tiles that fill most of their extent, and no more than this
 # part of L2 with the tiles in use (the attention output's 640 KiB of next tiles: 95 -> 91).
 PREFETCH_BURST = 64
-_BOUNDARY_PREFETCH = True
-_SEAMS = True
 PREFETCH_L2_PART = 4
 PREFETCH_LEAST_FILL = 0.75
 # ... and only kernels with this many FMAs per line to prefetch: a shorter one finds the next
@@ -667,15 +665,19 @@ class _Emitter:
 
             over(parts, row_step, block, "row")
 
+        def seam_of(shift: int) -> tuple[int, int, int] | None:
+            """The seam where C's columns follow each other (ldc = m) in a shifted sweep
+            with column blocks outside: (shift, col_step, cols_total)."""
+            if shift and blk.form == "outer" and spec.ldc == rows_total:
+                return shift, col_step, cols_total
+            return None
+
         def whole_sweep(shift: int) -> None:
             # A's rows (from -shift, shifted) packed at once, then column blocks outside
             whole = self.pack_rows(a, rows_total + shift, batch, -shift, shift)
             seam = seam_of(shift)
 
             def packed_col_block(c0: str | int, cols: int) -> None:
-                if shift and seam is None and _BOUNDARY_PREFETCH:
-                    self.prefetch_boundaries(c0, col_step, cols_total, rows_total, shift)
-
                 def packed_block(r0: str | int, rows: int, head: int, row: str | int) -> None:
                     prefetch(row, c0, rows_inside=True, rows=row_count(shift))
                     start = self.f.mul_i64(self.f.add_i64(r0, shift), batch * spec.k)
@@ -723,19 +725,10 @@ class _Emitter:
 
             over_rows(shift, row_block)
 
-        def seam_of(shift: int) -> tuple[int, int, int] | None:
-            """The seam where C's columns follow each other (ldc = m) in a shifted sweep
-            with column blocks outside: (shift, col_step, cols_total)."""
-            if shift and _SEAMS and blk.form == "outer" and spec.ldc == rows_total:
-                return shift, col_step, cols_total
-            return None
-
         def plain_sweep(shift: int) -> None:
             seam = seam_of(shift)
 
             def col_block(c0: str | int, cols: int) -> None:
-                if shift and seam is None and _BOUNDARY_PREFETCH:
-                    self.prefetch_boundaries(c0, col_step, cols_total, rows_total, shift)
                 # every row block below reads the column block's B from the buffer
                 columns = self.pack_b(b, c0, cols, batch, col_step) if blk.pack_b else b
 
@@ -782,28 +775,6 @@ class _Emitter:
             self.f.when(is_shift, lambda: sweep(shift), lambda: choose(remaining[1:]))
 
         choose(shifts)
-
-    def prefetch_boundaries(
-        self, c0: str | int, col_step: int, cols_total: int, rows: int, shift: int
-    ) -> None:
-        """Before a column block of a shifted sweep, fetch for writing the lines that the
-        next column block (the first: also this one) stores under a mask, each column's first
-        and last: stores that do not fill a line must read it first, and a streamed C is in
-        no cache."""
-        f, spec = self.f, self.spec
-        targets: list[str | int] = [f.add_i64(c0, col_step)]
-        if c0 == 0:
-            targets.insert(0, 0)
-        self.module.declare("prefetch", "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
-        for start in targets:
-            for j in range(col_step):
-                col = f.umin_i64(f.add_i64(start, j), cols_total - 1)
-                column = f.mul_i64(col, spec.ldc)
-                for row in (-shift, rows - 1):
-                    # the first line may begin before C (prefetches never fault)
-                    offset = f.add_i64(column, row)
-                    pointer = f.assign(f"getelementptr {self.t}, ptr %C, i64 {offset}", "p")
-                    f.emit(f"call void @llvm.prefetch.p0(ptr {pointer}, i32 1, i32 3, i32 1)")
 
     def prefetch_next(self, block: str | int, blocks: int, lines_ab: tuple[int, int]) -> None:
         """Prefetch register block ``block``'s share (of ``blocks``) of the next call's A and B
