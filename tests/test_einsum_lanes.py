@@ -229,3 +229,31 @@ def test_multi_operand_einsums_keep_the_batch_innermost(dtype):
     np.testing.assert_allclose(
         teir.einsum(subscripts, *arrays), expected, rtol=tolerance, atol=tolerance
     )
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_threads_take_whole_blocks_of_rows(dtype):
+    """With several batch vectors, the rows are cut so that no thread's slice of the jobs
+    (batch vectors fastest) begins inside a block of rows, where two threads would read the
+    block's lines and write the output lines its vectors share; one thread keeps the
+    largest block."""
+    lanes = Target.host().lanes(np.dtype(dtype).itemsize)
+    rng = np.random.default_rng(3)
+    sizes = {"i": 96, "j": 40, "k": 24, "b": 2 * lanes}
+    arrays = _operands(rng, "ijb,jkb->ikb", sizes, dtype)
+    expression = teir.contract_expression(
+        "ijb,jkb->ikb", *[a.shape for a in arrays], dtype=dtype, threads=2
+    )
+    text = expression.explain()
+    assert "jobs: 4 (batch vector x block of 48 rows)" in text, text
+    result = expression(*arrays)
+    np.testing.assert_allclose(
+        result,
+        _expected("ijb,jkb->ikb", arrays),
+        rtol=_tolerance(dtype, 40),
+        atol=_tolerance(dtype, 40),
+    )
+    one = teir.contract_expression(
+        "ijb,jkb->ikb", *[a.shape for a in arrays], dtype=dtype, threads=1
+    )
+    assert "jobs: 2 (batch vector x block of 96 rows)" in one.explain()

@@ -27,6 +27,16 @@ MIN_FILL = 0.8
 # Rows of in0 whose cost equals packing in1 once more (each job packs all of in1's block
 # for its batch vector): a job of ``mc`` rows costs about ``mc + JOB_ROWS``.
 JOB_ROWS = 8
+# Threads whose slices of the jobs (batch vectors fastest) split one block of rows between
+# them both read all of its lines of in0 and write the out lines the vectors share (NumPy
+# arrays lie 16 bytes off a line): 96^3 x 32 FP32 on 2 threads, one block of 96 rows
+# (a batch vector per thread) 374-385 us, two blocks of 48 (each thread its rows' two
+# vectors) 309-311 us; alone, one thread runs both in 625-641 us. A job's cost grows by this
+# times the fraction of blocks split (3 x 64^3 x 32 FP32 `aijb,ajkb->aikb`, one block of three
+# split: 291-312 -> 248-250 us unsplit in blocks of 32 rows; FP64, 4 vectors, 664 -> 703-708,
+# the one loss measured on this Xeon; on Zen 4, 96^3 x 32 in blocks of 48 rows had measured
+# 3-5 % slower than in one block, see teir.codegen.lanes.A_BLOCK_BYTES).
+SPLIT_ROWS_COST = 0.5
 
 
 def lane_spec(fields: dict[str, Any], threads: int, target: Target) -> LaneSpec | None:
@@ -112,6 +122,10 @@ def _balanced(spec: LaneSpec, threads: int) -> LaneSpec:
         mc = min(spec.m, ceil(ceil(spec.m / blocks) / MR) * MR)
         jobs = others * ceil(spec.m / mc)
         cost = ceil(jobs / threads) * (mc + JOB_ROWS)
+        # slices that begin inside a block of rows (between its batch vectors) share it
+        count = min(threads, jobs)
+        splits = sum(1 for i in range(1, count) if i * jobs // count % spec.groups)
+        cost *= 1 + SPLIT_ROWS_COST * splits * spec.groups / jobs
         if best is None or cost < best[0]:
             best = (cost, mc)
     assert best is not None
