@@ -121,7 +121,7 @@ def _balanced(spec: LaneSpec, threads: int) -> LaneSpec:
     for blocks in range(first, min(first + threads, ceil(spec.m / MR)) + 1):
         mc = min(spec.m, ceil(ceil(spec.m / blocks) / MR) * MR)
         jobs = others * ceil(spec.m / mc)
-        cost = ceil(jobs / threads) * (mc + JOB_ROWS)
+        cost = float(ceil(jobs / threads) * (mc + JOB_ROWS))
         # slices that begin inside a block of rows (between its batch vectors) share it
         count = min(threads, jobs)
         splits = sum(1 for i in range(1, count) if i * jobs // count % spec.groups)
