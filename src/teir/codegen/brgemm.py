@@ -672,6 +672,36 @@ class _Emitter:
                 return shift, col_step, cols_total
             return None
 
+        def swept_block(
+            vectors_from: str,
+            columns_from: str,
+            r0: str | int,
+            c0: str | int,
+            rows: int,
+            cols: int,
+            shift: int,
+            head: int,
+            packed: bool = False,
+            packed_b: bool = False,
+            seam: tuple[int, int, int] | None = None,
+        ) -> None:
+            """One register block of a sweep (shifted: C overwritten, every vector aligned)."""
+            self.outer_block(
+                vectors_from,
+                columns_from,
+                r0,
+                c0,
+                rows,
+                cols,
+                batch,
+                True if shift else overwrite,
+                packed=packed,
+                head=head,
+                aligned=bool(shift),
+                packed_b=packed_b,
+                seam=seam,
+            )
+
         def whole_sweep(shift: int) -> None:
             # A's rows (from -shift, shifted) packed at once, then column blocks outside
             whole = self.pack_rows(a, rows_total + shift, batch, -shift, shift)
@@ -681,20 +711,8 @@ class _Emitter:
                 def packed_block(r0: str | int, rows: int, head: int, row: str | int) -> None:
                     prefetch(row, c0, rows_inside=True, rows=row_count(shift))
                     start = self.f.mul_i64(self.f.add_i64(r0, shift), batch * spec.k)
-                    self.outer_block(
-                        self.f.gep(self.t, whole, start),
-                        b,
-                        r0,
-                        c0,
-                        rows,
-                        cols,
-                        batch,
-                        True if shift else overwrite,
-                        packed=True,
-                        head=head,
-                        aligned=bool(shift),
-                        seam=seam,
-                    )
+                    buffer = self.f.gep(self.t, whole, start)
+                    swept_block(buffer, b, r0, c0, rows, cols, shift, head, True, seam=seam)
 
                 over_rows(shift, packed_block)
 
@@ -707,19 +725,7 @@ class _Emitter:
 
                 def packed_block(c0: str | int, cols: int) -> None:
                     prefetch(row, c0, rows_inside=False, rows=row_count(shift))
-                    self.outer_block(
-                        buffer,
-                        b,
-                        r0,
-                        c0,
-                        rows,
-                        cols,
-                        batch,
-                        True if shift else overwrite,
-                        packed=True,
-                        head=head,
-                        aligned=bool(shift),
-                    )
+                    swept_block(buffer, b, r0, c0, rows, cols, shift, head, packed=True)
 
                 over(col_parts, col_step, packed_block, "col")
 
@@ -735,17 +741,15 @@ class _Emitter:
                 def row_block(r0: str | int, rows: int, head: int, row: str | int) -> None:
                     prefetch(row, c0, rows_inside=True, rows=row_count(shift))
                     if shift or blk.pack_b:
-                        self.outer_block(
+                        swept_block(
                             a,
                             columns,
                             r0,
                             c0,
                             rows,
                             cols,
-                            batch,
-                            True if shift else overwrite,
-                            head=head,
-                            aligned=bool(shift),
+                            shift,
+                            head,
                             packed_b=blk.pack_b,
                             seam=seam,
                         )

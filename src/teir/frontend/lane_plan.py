@@ -113,7 +113,8 @@ def _fill(batch: int, lanes: int) -> float:
 
 def _balanced(spec: LaneSpec, threads: int) -> LaneSpec:
     """``spec`` with the rows per job that balance the jobs over ``threads``: the busiest
-    thread's rows (plus a packing cost per job) are the fewest."""
+    thread's rows (plus a packing cost per job, and ``SPLIT_ROWS_COST`` where threads share
+    a block of rows) are the fewest."""
     others = prod(size for size, *_ in spec.outer) * spec.groups
     most_rows = spec.mc  # as many as the stack budget allows
     best: tuple[float, int] | None = None
