@@ -1101,63 +1101,56 @@ class _Emitter:
         def slot(index: int) -> str:
             return f.gep(t, "%seam", index)
 
-        def joined(tail: str, head: str, v: int, col: int) -> None:
-            value = f.assign(f"select <{lanes} x i1> {tail_lanes}, {t} {tail}, {t} {head}", "s")
-            self.store_outer(value, r0, c0, v, col, lanes, True, True, 0)
+        def keep(value: str, index: int) -> None:
+            f.emit(f"store {t} {value}, ptr {slot(index)}, align {align}")
 
         def kept(index: int) -> str:
             return f.assign(f"load {t}, ptr {slot(index)}, align {align}", "s")
 
+        def joined(tail: str, head: str, v: int, col: int) -> None:
+            value = f.assign(f"select <{lanes} x i1> {tail_lanes}, {t} {tail}, {t} {head}", "s")
+            self.store_outer(value, r0, c0, v, col, lanes, True, True, 0)
+
         def alone(value: str, v: int, col: int) -> None:
             self.store_outer(value, r0, c0, v, col, active[v], True, True, firsts[v])
 
-        def when(condition: bool | str, then, otherwise) -> None:  # type: ignore[no-untyped-def]
-            if isinstance(condition, bool):
-                (then if condition else otherwise)()
-            else:
-                f.when(condition, then, otherwise)
-
-        def is_first_block() -> bool | str:
+        def when(predicate: str, bound: int, then, otherwise) -> None:  # type: ignore[no-untyped-def]
+            """``c0 <predicate> bound`` (``eq`` or ``sge``), folded where c0 is known."""
             if isinstance(c0, int):
-                return c0 == 0
-            return f.assign(f"icmp eq i64 {c0}, 0", "c")
+                holds = c0 == bound if predicate == "eq" else c0 >= bound
+                (then if holds else otherwise)()
+            else:
+                f.when(f.assign(f"icmp {predicate} i64 {c0}, {bound}", "c"), then, otherwise)
 
-        def is_last_block() -> bool | str:
-            end = f.add_i64(c0, cols)
-            if isinstance(end, int):
-                return end >= cols_total
-            return f.assign(f"icmp sge i64 {end}, {cols_total}", "c")
-
+        last = vectors - 1
+        heads = firsts[0] > 0  # the block's first vectors begin before the tile
+        tails = active[last] < lanes  # its last ones end past it
         # heads first: with a single row block, the tails below join the heads of this block
-        for col in range(cols):
-            for v in range(vectors):
-                value = acc[col * vectors + v]
-                if not firsts[v]:
+        if heads:
+            for col in range(cols):
+                value = acc[col * vectors]
+                if col:
+                    keep(value, col)
                     continue
-                if col == 0:
-                    when(
-                        is_first_block(),
-                        lambda value=value, v=v: alone(value, v, 0),
-                        lambda value=value, v=v: joined(kept(col_step), value, v, 0),
-                    )
-                else:
-                    f.emit(f"store {t} {value}, ptr {slot(col)}, align {align}")
+                when(
+                    "eq",
+                    0,
+                    lambda value=value: alone(value, 0, 0),
+                    lambda value=value: joined(kept(col_step), value, 0, 0),
+                )
         for col in range(cols):
-            for v in range(vectors):
+            for v in range(1 if heads else 0, vectors):
                 value = acc[col * vectors + v]
-                if firsts[v]:
-                    continue
-                if active[v] == lanes:
+                if not (tails and v == last):
                     self.store_outer(value, r0, c0, v, col, lanes, True, True, 0)
                 elif col < cols - 1:
                     joined(value, kept(col + 1), v, col)
                 else:
                     when(
-                        is_last_block(),
+                        "sge",
+                        cols_total - cols,
                         lambda value=value, v=v, col=col: alone(value, v, col),
-                        lambda value=value: f.emit(
-                            f"store {t} {value}, ptr {slot(col_step)}, align {align}"
-                        ),
+                        lambda value=value: keep(value, col_step),
                     )
 
     def streams_c(self) -> bool:

@@ -447,7 +447,8 @@ def _through_canonical(
         fresh = last and out is None
         _one_or_two(subscripts, operands, target, threads, *options, fresh=fresh)
         if record:
-            found = _plans.get(_key(subscripts, operands, target, *options, threads, True, fresh))
+            key = _key(subscripts, operands, target, *options, threads, fresh=fresh)
+            found = _plans.get(key)
             call = found[2] if found is not None else None
             call = call if isinstance(call, DirectCall) else None
             steps.append(RecordedStep(call, tuple(operands), target))
