@@ -90,7 +90,7 @@ def test_everything_not_as_planned_falls_back_to_the_full_path():
     a, b = rng.random((32, 24)), rng.random((24, 16))
     out = np.empty((32, 16))
     _warm("ij,jk->ik", a, b, out=out, threads=1)
-    recent = ("ij,jk->ik", 2, False, False, False, 1)
+    recent = ("ij,jk->ik", 2, False, False, False, 1, "K")  # order: the default
     call = einsum_module._recent[recent]
     assert call.checked is not None
     fallbacks = 0
@@ -149,7 +149,7 @@ def _parallel_gemm(rows: int = 128):
     a, b = np.random.rand(rows, 64), np.random.rand(64, 64)
     out = np.empty((rows, 64))
     _warm("ij,jk->ik", a, b, out=out, threads=2)
-    call = einsum_module._recent[("ij,jk->ik", 2, False, False, False, 2)]
+    call = einsum_module._recent[("ij,jk->ik", 2, False, False, False, 2, "K")]
     assert call.checked is not None and call.checked.operation._job is not None
     return a, b, out, call
 

@@ -474,7 +474,8 @@ def test_inputs_that_fit_with_a_result_that_does_not_copy_the_result(dtype):
 def test_the_fallback_copies_only_the_tensors_that_need_it(subscripts, sizes, moved, dtype):
     inputs, output = subscripts.split("->")
     a, b = operands([[sizes[x] for x in term] for term in inputs.split(",")], dtype)
-    text = teir.einsum_plan(subscripts, a, b).explain()
+    # a new result in the listed order (order="K" may lay it out so that a kernel fits)
+    text = teir.einsum_plan(subscripts, a, b, order="C").explain()
     assert "# no kernel layout fits" in text
     for name in ("in0", "in1", "the result"):
         assert (f"{name} is c" in text) == (name in moved)
@@ -482,6 +483,9 @@ def test_the_fallback_copies_only_the_tensors_that_need_it(subscripts, sizes, mo
     # FP32: 72 products summed per element
     bound = 1e-11 if dtype == np.float64 else 1e-5
     tolerance = {"rtol": bound, "atol": bound}
+    listed = teir.einsum(subscripts, a, b, order="C")
+    np.testing.assert_allclose(listed, expected, **tolerance)
+    assert listed.flags.c_contiguous
     np.testing.assert_allclose(teir.einsum(subscripts, a, b), expected, **tolerance)
     out = np.ones([sizes[x] for x in output], dtype)
     teir.einsum(subscripts, a, b, out=out, accumulate=True, relu=True)

@@ -122,6 +122,18 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     return array
 
 
+def new_result(
+    shape: tuple[int, ...], dtype: Any, memory_order: tuple[int, ...] | None = None
+) -> np.ndarray:
+    """A new 64-byte-aligned array of ``shape`` whose axes lie in memory in ``memory_order``
+    (outermost first; None: C order), as a view in ``shape``'s axis order."""
+    if memory_order is None:
+        return aligned_empty(shape, dtype)
+    base = aligned_empty(tuple(shape[axis] for axis in memory_order), dtype)
+    view: np.ndarray = base.transpose(np.argsort(memory_order))
+    return view
+
+
 def memory_bytes() -> int | None:
     """This machine's physical memory in bytes, where the platform says (None elsewhere)."""
     try:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from teir.buffers import aligned_empty
+from teir.buffers import aligned_empty, new_result
 from teir.frontend.einsum_parse import numpy_subscripts
 from teir.frontend.einsum_plan import Operand, Plan, operand, sum_out
 from teir.kernels.arrays import data_address, overlaps
@@ -36,13 +36,17 @@ from teir.runtime.checked_call import DONE, FALLBACK, ArrayLayout, CheckedCall, 
 SMALL_RESULT_BYTES = 1 << 18
 
 
-def _c_strides(shape: tuple[int, ...], dtype: np.dtype[Any]) -> tuple[int, ...]:
-    """The byte strides of a new C-ordered array of ``shape``."""
-    strides, step = [], dtype.itemsize
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
+def _new_strides(
+    shape: tuple[int, ...], dtype: np.dtype[Any], memory_order: tuple[int, ...] | None
+) -> tuple[int, ...]:
+    """The byte strides of a new array of ``shape`` whose axes lie in ``memory_order``
+    (outermost first; None: C order), as :func:`teir.buffers.new_result` makes it."""
+    strides = [0] * len(shape)
+    step = dtype.itemsize
+    for axis in reversed(memory_order or range(len(shape))):
+        strides[axis] = step
+        step *= max(shape[axis], 1)
+    return tuple(strides)
 
 
 @dataclass(frozen=True)
@@ -65,18 +69,20 @@ class DirectCall:
     # (``ba->a`` FP32 264 x 201: 18 us through the sum and a copy, NumPy alone 7.5).
     numpy_sum: str | None = None
 
+    def new_result(self) -> np.ndarray:
+        """A result for a call without out, laid out as planned."""
+        shape, order = self.plan.out_shape, self.plan.memory_order
+        if order is not None:
+            return new_result(shape, self.dtype, order)
+        return aligned_empty(shape, self.dtype) if self.aligned else np.empty(shape, self.dtype)
+
     def fast(self, operands: tuple[np.ndarray, ...], out: np.ndarray | None) -> Any:
         """The result through the checked call, or None where it fell back (any array not
         exactly of the planned layout and dtype, out read-only or overlapping an input)."""
         checked = self.checked
         if checked is None:
             return None
-        target = out
-        if target is None:
-            shape = self.plan.out_shape
-            target = (
-                aligned_empty(shape, self.dtype) if self.aligned else np.empty(shape, self.dtype)
-            )
+        target = self.new_result() if out is None else out
         code = checked.call(*operands, target)
         if code != DONE:
             if code == FALLBACK:
@@ -94,7 +100,7 @@ class DirectCall:
         address = data_address(first)
         other = data_address(last) if len(operands) == 2 else 0
         if out is None:
-            result = aligned_empty(self.plan.out_shape, dtype)
+            result = new_result(self.plan.out_shape, dtype, self.plan.memory_order)
             out_address = data_address(result)
         else:
             if not out.flags.writeable:
@@ -166,7 +172,8 @@ def direct_call(
         operation = plan.regions[0].operation
         run = operation.run_addresses
         if out is None:
-            result = ArrayLayout(plan.out_shape, _c_strides(plan.out_shape, plan.dtype), True)
+            strides = _new_strides(plan.out_shape, plan.dtype, plan.memory_order)
+            result = ArrayLayout(plan.out_shape, strides, True)
         else:
             result = ArrayLayout(out.shape, out.strides, True)
         # the native call runs the operation on its arguments: never on unsummed operands

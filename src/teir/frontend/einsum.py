@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from teir.buffers import aligned_empty
+from teir.buffers import new_result
 from teir.frontend import copy_fallback
 from teir.frontend.direct_call import DirectCall, direct_call
 from teir.frontend.einsum_parse import EinsumError, parse
@@ -38,6 +38,7 @@ from teir.frontend.einsum_plan import (
     vector_fill,
 )
 from teir.frontend.fallback_call import FallbackCall, RecordedStep, fallback_call
+from teir.frontend.result_layout import ORDERS
 from teir.frontend.split_reduction import plan_split, rest_views, short_rows, split_views
 from teir.kernels.arrays import data_address
 from teir.runtime.arguments import as_array
@@ -111,6 +112,7 @@ def _key(
     threads: int | None,
     split: bool = True,
     fresh: bool = False,
+    order: str = "K",
 ) -> tuple[Any, ...]:
     first, last = arrays[0], arrays[-1]
     if len(arrays) <= 2:  # spelled out: every call of the direct path builds this key
@@ -122,7 +124,7 @@ def _key(
         len(arrays),
         layout,
         first.dtype.char,
-        None if out is None else (out.shape, out.strides),
+        order if out is None else (out.shape, out.strides),
         accumulate,
         relu,
         threads,
@@ -141,18 +143,20 @@ def _plan(
     split: bool = True,
     fallback: bool = True,
     fresh: bool = False,
+    order: str = "K",
 ) -> tuple[Plan, tuple[bool, ...]]:
     """The cached plan for these operands (``fallback=False``: a plan that would need the
     copying fallback is returned without one, and not cached). ``fresh``: ``out`` stands for
-    a result allocated for the call, written once (see ``make_plan``'s resident_output)."""
-    key = _key(subscripts, arrays, out, accumulate, relu, threads, split, fresh)
+    a result allocated for the call, written once (see ``make_plan``'s resident_output).
+    ``order``: the layout of a new result (without ``out``), see ``make_plan``."""
+    key = _key(subscripts, arrays, out, accumulate, relu, threads, split, fresh, order)
     found = _plans.get(key)
     if found is not None:
         return found[0], found[1]
     parsed = parse(subscripts, [a.ndim for a in arrays])
     resident = False if fresh else None
     plan, inputs = make_plan(
-        parsed, arrays, out, accumulate, relu, threads, resident_output=resident
+        parsed, arrays, out, accumulate, relu, threads, resident_output=resident, order=order
     )
     # Operands used in place need only their address per call; the others are prepared again.
     direct = tuple(
@@ -265,9 +269,26 @@ def einsum(
 
     ``out=`` is written in place (``accumulate=True`` adds the result to it instead);
     ``relu=True`` applies ``max(., 0)`` to the result. ``dtype`` (float32 or float64) casts
-    the operands first; ``order`` and ``casting`` are accepted for compatibility
-    (new results are C-ordered). Unlike NumPy, the result is always a new array (never a view).
+    the operands first; ``casting`` is accepted for compatibility.
+
+    ``order`` lays out a new result (without ``out``) as NumPy's does: ``"C"``, ``"F"``,
+    ``"A"`` (F where every operand is F- and not C-contiguous, else C) or ``"K"``, the
+    default: where two operands contract into a result of at least 4096 elements, the
+    layout teir's kernels write fastest (a result axis of the operands' unit stride
+    innermost, say), returned as a view in the listed axis order, else C. Pass
+    ``order="C"`` for a C-contiguous result. Three or more operands give C-ordered results
+    (``"F"``: F-ordered). Unlike NumPy, the result never shares memory with an operand.
+
+    >>> import numpy as np, teir
+    >>> a, b = np.ones((3, 200, 128, 3), np.float32), np.ones((31, 3), np.float32)
+    >>> r = teir.einsum("ebda,fa->fbde", a, b)   # listed, e (3) would be its unit stride
+    >>> r.shape, r.strides[3] > 4, float(r[0, 0, 0, 0])
+    ((31, 200, 128, 3), True, 3.0)
+    >>> teir.einsum("ebda,fa->fbde", a, b, order="C").flags.c_contiguous
+    True
     """
+    if order not in ORDERS:
+        raise EinsumError(f"order must be 'C', 'F', 'A' or 'K', got {order!r}")
     if type(accumulate) is not bool or type(relu) is not bool or (accumulate and out is None):
         _check_flags(accumulate, relu)
         _check_accumulate_target(accumulate, out)
@@ -275,7 +296,7 @@ def einsum(
     # entry's alias below answers (the thread count is read when shapes are first planned).
     key = None
     if dtype is None and 0 < len(operands) <= 2:
-        recent = (subscripts, len(operands), out is None, accumulate, relu, threads)
+        recent = (subscripts, len(operands), out is None, accumulate, relu, threads, order)
         call = _recent.get(recent)
         if call is not None:
             result = call.fast(operands, out)
@@ -286,7 +307,7 @@ def einsum(
             and type(operands[0]) is np.ndarray
             and type(operands[-1]) is np.ndarray
         ):
-            key = _key(subscripts, operands, out, accumulate, relu, threads)
+            key = _key(subscripts, operands, out, accumulate, relu, threads, order=order)
             found = _plans.get(key)
             if found is not None and found[2] is not None:
                 result = found[2](operands, out)
@@ -301,15 +322,24 @@ def einsum(
         arrays = [a if a.dtype == wanted else a.astype(wanted) for a in arrays]
     _check_threads(threads)
     if len(arrays) > 2:
-        return _multi_operand(subscripts, arrays, out, threads, accumulate, relu, optimize)
+        result = _multi_operand(subscripts, arrays, out, threads, accumulate, relu, optimize)
+        return _in_order(result, order, arrays) if out is None else result
     count = threads or default_threads()
-    result = _one_or_two(subscripts, arrays, out, count, accumulate, relu)
+    result = _one_or_two(subscripts, arrays, out, count, accumulate, relu, order=order)
     if key is not None and threads is None:
-        planned = _plans.get(_key(subscripts, arrays, out, accumulate, relu, count))
+        planned = _plans.get(_key(subscripts, arrays, out, accumulate, relu, count, order=order))
         if planned is not None:
             with _lock:
                 _plans[key] = planned
     return result
+
+
+def _in_order(result: Any, order: str, arrays: Sequence[np.ndarray]) -> Any:
+    """A tree's C-ordered new ``result`` in the layout ``order`` asks for ("K": as it is)."""
+    fortran = order == "F" or (
+        order == "A" and all(a.flags.f_contiguous and not a.flags.c_contiguous for a in arrays)
+    )
+    return np.asfortranarray(result) if fortran and isinstance(result, np.ndarray) else result
 
 
 def _check_flags(accumulate: Any, relu: Any) -> None:
@@ -344,24 +374,30 @@ def _one_or_two(
     relu: bool,
     split: bool = True,
     fresh: bool = False,
+    order: str = "K",
 ) -> Any:
     """:func:`einsum` of one or two operands (``split=False``: never share a reduction;
-    ``fresh``: ``out`` is a result allocated for this call, see :func:`_plan`)."""
+    ``fresh``: ``out`` is a result allocated for this call, see :func:`_plan`; ``order``:
+    the layout of a new result)."""
     out_array = None
     if out is not None:
         out_array = out if isinstance(out, np.ndarray) else as_array("out", out)
         _check_writable(out_array)
     plan, direct = _plan(
-        subscripts, arrays, out_array, accumulate, relu, threads, split, fresh=fresh
+        subscripts, arrays, out_array, accumulate, relu, threads, split, fresh=fresh, order=order
     )
     dtype = plan.dtype
     if out_array is not None:
         out_array = _check_out(out_array, plan.out_shape, dtype)
-    result = out_array if out_array is not None else aligned_empty(plan.out_shape, dtype)
+    result = (
+        out_array if out_array is not None else new_result(plan.out_shape, dtype, plan.memory_order)
+    )
     if plan.canonical is not None:
         replay = _through_canonical(plan, arrays, out_array, result, threads, accumulate, relu)
         if replay is not None:
-            key = _key(subscripts, arrays, out_array, accumulate, relu, threads, split, fresh)
+            key = _key(
+                subscripts, arrays, out_array, accumulate, relu, threads, split, fresh, order
+            )
             with _lock:
                 if key in _plans and _plans[key][0] is plan:
                     _plans[key] = (plan, direct, replay)
@@ -457,7 +493,9 @@ def _through_canonical(
     copy_fallback.run(plan, prepared_operands, result, step, buffers)
     if not record:
         return None
-    return fallback_call(plan.dtype, plan.out_shape, arrays, out, result, buffers, steps)
+    return fallback_call(
+        plan.dtype, plan.out_shape, arrays, out, result, buffers, steps, plan.memory_order
+    )
 
 
 TREE_CACHE_SIZE = 64
@@ -513,7 +551,11 @@ class ContractExpression:
         accumulate: bool,
         relu: bool,
         optimize: Any = None,
+        order: str = "K",
     ) -> None:
+        if order not in ORDERS:
+            raise EinsumError(f"order must be 'C', 'F', 'A' or 'K', got {order!r}")
+        self.order = order
         self.subscripts = subscripts
         self.shapes = tuple(tuple(int(n) for n in shape) for shape in shapes)
         self.dtype = np.dtype(dtype)
@@ -530,7 +572,7 @@ class ContractExpression:
         count = threads or default_threads()
         if len(self.shapes) <= 2:  # plan now, for C-contiguous operands
             arrays = [np.zeros(shape, self.dtype) for shape in self.shapes]
-            self.plan = _plan(subscripts, arrays, None, accumulate, relu, count)[0]
+            self.plan = _plan(subscripts, arrays, None, accumulate, relu, count, order=order)[0]
         else:  # compile the tree now, for C-contiguous operands (placeholders: never read)
             from teir.tree.from_einsum import compile_einsum
 
@@ -546,7 +588,7 @@ class ContractExpression:
                 a if a.dtype == self.dtype else a.astype(self.dtype) for a in _arrays(operands)
             )
         if self.tree is None:  # the checked call einsum would try first
-            options = (out is None, self.accumulate, self.relu, self.threads)
+            options = (out is None, self.accumulate, self.relu, self.threads, self.order)
             call = _recent.get((self.subscripts, len(operands), *options))
             if call is not None:
                 result = call.fast(operands, out)
@@ -582,6 +624,8 @@ class ContractExpression:
                 )
             views = prepare(self.parsed, arrays, self.tree.leaf_ids).views
             result = self.tree(*views, out=out)
+            if out is None:
+                result = _in_order(result, self.order, arrays)
             return _returned(result, out)
         return einsum(
             self.subscripts,
@@ -590,6 +634,7 @@ class ContractExpression:
             threads=self.threads,
             accumulate=self.accumulate,
             relu=self.relu,
+            order=self.order,
         )
 
     def explain(self) -> str:
@@ -607,11 +652,13 @@ def contract_expression(
     accumulate: bool = False,
     relu: bool = False,
     optimize: Any = None,
+    order: str = "K",
 ) -> ContractExpression:
     """A reusable compiled einsum for operands of the given shapes (any number of operands;
     three or more are compiled as an einsum tree along opt_einsum's path ``optimize``).
-    Operands of another dtype than ``dtype`` are converted to it: the result has ``dtype``."""
-    return ContractExpression(subscripts, shapes, dtype, threads, accumulate, relu, optimize)
+    Operands of another dtype than ``dtype`` are converted to it: the result has ``dtype``;
+    ``order`` lays out new results as :func:`einsum`'s does."""
+    return ContractExpression(subscripts, shapes, dtype, threads, accumulate, relu, optimize, order)
 
 
 def einsum_plan(
@@ -621,10 +668,14 @@ def einsum_plan(
     threads: int | None = None,
     accumulate: bool = False,
     relu: bool = False,
+    order: str = "K",
 ) -> Plan:
     """The plan ``einsum`` uses for these operands (for ``plan.explain()``)."""
+    if order not in ORDERS:
+        raise EinsumError(f"order must be 'C', 'F', 'A' or 'K', got {order!r}")
     arrays = _arrays(operands)
     if len(arrays) > 2:
         raise EinsumError("plans are per pair of operands; see teir.einsum for more")
     out_array = None if out is None else as_array("out", out)
-    return _plan(subscripts, arrays, out_array, accumulate, relu, threads or default_threads())[0]
+    count = threads or default_threads()
+    return _plan(subscripts, arrays, out_array, accumulate, relu, count, order=order)[0]

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from teir.buffers import aligned_empty
+from teir.buffers import new_result
 from teir.frontend.direct_call import DirectCall
 from teir.kernels.arrays import data_address, overlaps
 from teir.runtime.checked_call import ArrayLayout
@@ -54,10 +54,11 @@ class FallbackCall:
     out_shape: tuple[int, ...]
     operand_count: int
     spans: tuple[tuple[int, int], ...]  # each operand's (offset, bytes) from its address
-    out_span: tuple[int, int] | None  # None: calls without out get a new C-ordered result
+    out_span: tuple[int, int] | None  # None: calls without out get a new result
     scratch_offsets: tuple[int, ...]  # each scratch buffer's byte offset in the scratch
     scratch_bytes: int
     steps: tuple[ReplayStep, ...]
+    memory_order: tuple[int, ...] | None = None  # a new result's layout (None: C order)
 
     def __call__(self, operands: tuple[np.ndarray, ...], out: np.ndarray | None) -> Any:
         """The result (a new array, or ``out``), or None where the full path must run (an
@@ -79,7 +80,7 @@ class FallbackCall:
                 if overlaps(start, self.out_span[1], address + offset, count):
                     return None
         else:
-            result = aligned_empty(self.out_shape, dtype)
+            result = new_result(self.out_shape, dtype, self.memory_order)
         addresses.append(data_address(result))
         with ScratchBytes(self.scratch_bytes) as base:
             addresses.extend(base + offset for offset in self.scratch_offsets)
@@ -103,6 +104,7 @@ def fallback_call(
     result: np.ndarray,
     buffers: Sequence[np.ndarray],
     steps: Sequence[RecordedStep],
+    memory_order: tuple[int, ...] | None = None,
 ) -> FallbackCall | None:
     """The replay of the fallback run that took ``steps`` on views of ``operands`` (as the
     call passed them), ``result`` and the scratch ``buffers``; None where a step had no
@@ -141,4 +143,5 @@ def fallback_call(
         tuple(offsets),
         total,
         tuple(replayed),
+        memory_order,
     )

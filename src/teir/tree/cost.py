@@ -12,47 +12,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
-from math import prod
 from typing import Any
 
 import numpy as np
 
-from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target
 from teir.frontend.lane_plan import lane_spec
+from teir.frontend.plan_cost import COPY_FLOPS_PER_BYTE, contraction_cost, kernel_efficiency
 from teir.ir import Config
 from teir.lower.nest import lower
 from teir.optimizer import optimize_with_log
 from teir.tree.layout import lonely_ids, node_fields
 from teir.tree.nodes import Node, NodeKind
-
-# Measured on this kind of machine: a core does ~8 FLOPs in the time it copies one byte of a
-# tensor that does not fit its caches, and a kernel call with its loop costs ~20 ns.
-COPY_FLOPS_PER_BYTE = 8.0
-CALL_FLOPS = 2000.0
-GENERIC_EFFICIENCY = 0.03
-# A lane-batched contraction (a batch of unit stride everywhere as the vector lanes) runs at
-# about this fraction of peak, times the fraction of its lanes the batch fills (96^3 x 32:
-# 0.80-0.85 on 2 threads, packing included).
-LANE_EFFICIENCY = 0.8
-
-
-def _fill(extent: int, lanes: int) -> float:
-    return extent / (-(-extent // lanes) * lanes)
-
-
-def kernel_efficiency(spec: BrgemmSpec, lanes: int) -> float:
-    """Expected fraction of peak of a BRGEMM kernel: vector lanes filled along the vectorized
-    extent (M; N in the mirror form, where A and B are both stored transposed; K in dot
-    products), register blocking limited by a thin N, and C traffic amortized over K."""
-    if spec.trans_a and spec.trans_b:
-        vectorized = spec.n
-    elif spec.trans_a and spec.n < 16:
-        vectorized = spec.k
-    else:
-        vectorized = spec.m
-    k = spec.k * spec.batch
-    return _fill(vectorized, lanes) * min(1.0, spec.n / 4) * (k / (k + 2))
 
 
 @lru_cache(maxsize=4096)
@@ -63,30 +34,8 @@ def _contraction_cost(
     dtype: str,
     threads: int,
 ) -> float:
-    dt = np.dtype(dtype)
-    fields = node_fields(node, child_ids, sizes, dt)
-    try:
-        config, _ = optimize_with_log(fields, threads)
-    except Exception:  # a node the optimizer cannot schedule runs on the generic fallback
-        return node.flops(sizes) / GENERIC_EFFICIENCY
-    nest = lower(config)
-    main = nest.main
-    flops = float(node.flops(sizes))
-    if main is None or not isinstance(main.spec, BrgemmSpec):
-        lanes_spec = lane_spec(fields, threads, Target.host()) if main is not None else None
-        if lanes_spec is not None:  # teir.einsum's plan runs it as a lane-batched contraction
-            fill = _fill(lanes_spec.batch, lanes_spec.lanes)
-            return flops / (LANE_EFFICIENCY * fill)
-        return flops / GENERIC_EFFICIENCY
-    spec = main.spec
-    if spec.m == spec.n == spec.k == spec.batch == 1:
-        # one element in loops, the output's unit-stride C axis innermost, where the nest is
-        # vectorized: bound by moving its operands and result once
-        moved = node.elements(sizes) + sum(c.elements(sizes) for c in node.children)
-        return moved * dt.itemsize * COPY_FLOPS_PER_BYTE
-    lanes = Target.host().lanes(dt.itemsize)
-    calls = nest.iterations * max(1, prod(loop.size for loop in main.loops))
-    return flops / kernel_efficiency(spec, lanes) + calls * CALL_FLOPS / max(1, threads)
+    fields = node_fields(node, child_ids, sizes, np.dtype(dtype))
+    return contraction_cost(fields, threads)
 
 
 def node_cost(

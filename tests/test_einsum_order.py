@@ -1,0 +1,161 @@
+"""``order``: the memory layout of a new einsum result ("C", "F", "A", or teir's choice "K")."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import teir
+from teir.frontend.result_layout import LAYOUT_GAIN, candidate_orders, result_order
+
+RNG = np.random.default_rng(11)
+
+
+def _operands(subscripts, sizes, dtype=np.float32):
+    inputs = subscripts.split("->")[0].split(",")
+    return [RNG.uniform(-1, 1, [sizes[c] for c in term]).astype(dtype) for term in inputs]
+
+
+def _innermost(array):
+    """The axis of the smallest stride."""
+    return int(np.argmin([abs(s) for s in array.strides]))
+
+
+def test_k_lays_the_result_out_for_the_kernel_and_c_keeps_the_listed_order():
+    # the listed result's unit stride would be e (3 elements): its kernels fill 3 of 16 lanes
+    subscripts = "ebda,fa->fbde"
+    a, b = _operands(subscripts, {"e": 3, "b": 40, "d": 32, "a": 3, "f": 31})
+    expected = np.einsum(subscripts, a, b)
+    for _call in (1, 2):  # planned, then through the cached direct path
+        result = teir.einsum(subscripts, a, b)
+        np.testing.assert_allclose(result, expected, rtol=1e-5, atol=1e-5)
+        assert not result.flags.c_contiguous and _innermost(result) != 3
+        assert result.base is not None and result.base.flags.c_contiguous  # one new array
+    listed = teir.einsum(subscripts, a, b, order="C")
+    np.testing.assert_allclose(listed, expected, rtol=1e-5, atol=1e-5)
+    assert listed.flags.c_contiguous
+    expression = teir.contract_expression(subscripts, a.shape, b.shape, dtype=np.float32)
+    for _call in (1, 2):
+        result = expression(a, b)
+        assert not result.flags.c_contiguous
+        np.testing.assert_allclose(result, expected, rtol=1e-5, atol=1e-5)
+    kept = teir.contract_expression(subscripts, a.shape, b.shape, dtype=np.float32, order="C")
+    assert kept(a, b).flags.c_contiguous
+
+
+def test_k_keeps_the_listed_order_where_it_fits_the_kernels_and_for_small_results():
+    a, b = _operands("ik,kj->ij", {"i": 128, "k": 64, "j": 96})
+    assert teir.einsum("ik,kj->ij", a, b).flags.c_contiguous
+    small = _operands("ebda,fa->fbde", {"e": 3, "b": 4, "d": 4, "a": 3, "f": 5})
+    assert teir.einsum("ebda,fa->fbde", *small).flags.c_contiguous
+    assert teir.einsum("ij->ji", RNG.uniform(size=(64, 80))).flags.c_contiguous  # one operand
+
+
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_f_and_a_orders(count):
+    subscripts = {1: "ijk->kji", 2: "ijk,kl->jil", 3: "ij,jk,kl->li"}[count]
+    sizes = {"i": 6, "j": 5, "k": 4, "l": 7}
+    arrays = _operands(subscripts, sizes, np.float64)
+    expected = np.einsum(subscripts, *arrays)
+    fortran = teir.einsum(subscripts, *arrays, order="F")
+    np.testing.assert_allclose(fortran, expected, rtol=1e-12)
+    assert fortran.flags.f_contiguous
+    as_c = teir.einsum(subscripts, *arrays, order="A")
+    assert as_c.flags.c_contiguous  # C-ordered operands
+    as_f = teir.einsum(subscripts, *[np.asfortranarray(a) for a in arrays], order="A")
+    np.testing.assert_allclose(as_f, expected, rtol=1e-12)
+    assert as_f.flags.f_contiguous
+
+
+def test_f_order_through_the_copying_fallback_and_its_replay():
+    # a batch label of unit stride in the result fits no kernel: copies run it
+    subscripts = "adb,acd->bca"
+    a, b = _operands(subscripts, {"a": 9, "b": 7, "c": 6, "d": 5}, np.float64)
+    expected = np.einsum(subscripts, a, b)
+    for _call in (1, 2):
+        result = teir.einsum(subscripts, a, b, order="F")
+        np.testing.assert_allclose(result, expected, rtol=1e-12)
+        assert result.flags.f_contiguous
+
+
+def test_k_spares_copies_where_the_listed_result_fits_no_kernel():
+    # listed, the result's unit stride is on a batch label (a): copies ran it; laid out by K,
+    # a kernel writes it where it lies
+    subscripts = "cabe,abde->cdba"
+    a, b = _operands(subscripts, {"a": 3, "b": 40, "c": 16, "d": 8, "e": 9}, np.float64)
+    assert "# no kernel layout fits" in teir.einsum_plan(subscripts, a, b, order="C").explain()
+    assert "# no kernel layout fits" not in teir.einsum_plan(subscripts, a, b).explain()
+    result = teir.einsum(subscripts, a, b)
+    np.testing.assert_allclose(result, np.einsum(subscripts, a, b), rtol=1e-12)
+    assert not result.flags.c_contiguous
+
+
+def test_a_bad_order_is_refused():
+    a = np.ones((3, 4))
+    with pytest.raises(teir.EinsumError, match="order must be 'C', 'F', 'A' or 'K'"):
+        teir.einsum("ij,jk->ik", a, a.T, order="X")
+    with pytest.raises(teir.EinsumError, match="order must be"):
+        teir.contract_expression("ij,jk->ik", (3, 4), (4, 3), order="c")
+
+
+class _Op:
+    def __init__(self, labels, strides):
+        self.labels, self.strides, self.array = list(labels), strides, None
+
+
+def test_candidates_group_the_labels_by_role_in_the_operands_memory_order():
+    first = _Op("ebda", {"e": 76800, "b": 384, "d": 3, "a": 1})
+    second = _Op("fa", {"f": 3, "a": 1})
+    orders = candidate_orders([first, second], list("fbde"))
+    assert orders[0] == (0, 1, 2, 3)  # the listed order first
+    labels = {"".join("fbde"[i] for i in order) for order in orders}
+    assert {"ebdf", "febd"} <= labels and len(orders) == len(set(orders))
+
+
+def test_another_layout_only_where_it_costs_clearly_less():
+    first, second = _Op("ik", {"i": 64, "k": 1}), _Op("kj", {"k": 64, "j": 1})
+    sizes = {"i": 64, "j": 64, "k": 64}
+    listed = {"i": 64, "j": 1}
+
+    def price(cost_of_other):
+        return lambda strides: 1.0 if strides == listed else cost_of_other
+
+    assert result_order("K", [first, second], list("ij"), sizes, price(LAYOUT_GAIN * 1.01)) is None
+    assert result_order("K", [first, second], list("ij"), sizes, price(0.5)) == (1, 0)
+    assert result_order("C", [first, second], list("ij"), sizes, price(0.1)) is None
+    assert result_order("F", [first, second], list("ij"), sizes, price(2.0)) == (1, 0)
+
+
+@st.composite
+def binary_einsums(draw):
+    letters = "abcdef"
+    count = draw(st.integers(3, 5))
+    labels = letters[:count]
+    roles = draw(st.lists(st.sampled_from("CMNK"), min_size=count, max_size=count))
+    first = [x for x, r in zip(labels, roles) if r in "CMK"]
+    second = [x for x, r in zip(labels, roles) if r in "CNK"]
+    output = [x for x, r in zip(labels, roles) if r in "CMN"]
+    first, second, output = (draw(st.permutations(term)) for term in (first, second, output))
+    sizes = {x: draw(st.integers(2, 14)) for x in labels}
+    subscripts = f"{''.join(first)},{''.join(second)}->{''.join(output)}"
+    dtype = draw(st.sampled_from([np.float32, np.float64]))
+    order = draw(st.sampled_from("CFAK"))
+    return subscripts, sizes, dtype, order
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(binary_einsums())
+def test_generated_einsums_in_every_order_equal_numpy(case):
+    subscripts, sizes, dtype, order = case
+    arrays = _operands(subscripts, sizes, dtype)
+    expected = np.einsum(subscripts, *arrays)
+    tolerance = 2e-4 if dtype == np.float32 else 1e-11
+    for _call in (1, 2):
+        result = teir.einsum(subscripts, *arrays, order=order)
+        np.testing.assert_allclose(result, expected, rtol=tolerance, atol=tolerance)
+        if order in "CA":
+            assert np.asarray(result).flags.c_contiguous
+        elif order == "F":
+            assert np.asarray(result).flags.f_contiguous
