@@ -122,10 +122,11 @@ def test_another_layout_only_where_it_costs_clearly_less():
     def price(cost_of_other):
         return lambda strides: 1.0 if strides == listed else cost_of_other
 
-    assert result_order("K", [first, second], list("ij"), sizes, price(LAYOUT_GAIN * 1.01)) is None
-    assert result_order("K", [first, second], list("ij"), sizes, price(0.5)) == (1, 0)
-    assert result_order("C", [first, second], list("ij"), sizes, price(0.1)) is None
-    assert result_order("F", [first, second], list("ij"), sizes, price(2.0)) == (1, 0)
+    operands, output = [first, second], list("ij")
+    assert result_order("K", operands, output, sizes, price(LAYOUT_GAIN * 1.01)) is None
+    assert result_order("K", operands, output, sizes, price(LAYOUT_GAIN * 0.99)) == (1, 0)
+    assert result_order("C", operands, output, sizes, price(0.1)) is None
+    assert result_order("F", operands, output, sizes, price(2.0)) == (1, 0)
 
 
 @st.composite
