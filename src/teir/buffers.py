@@ -8,6 +8,7 @@ the elements the strides reach. The output must be writable and must not overlap
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from math import prod
 from typing import Any
 
@@ -120,6 +121,20 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     start = (-data_address(raw)) % VECTOR_ALIGN
     array: np.ndarray = raw[start : start + count * dtype.itemsize].view(dtype).reshape(shape)
     return array
+
+
+def new_strides(
+    shape: Sequence[int], itemsize: int, memory_order: Sequence[int] | None = None
+) -> tuple[int, ...]:
+    """The strides (in units of ``itemsize``) of a new array of ``shape`` whose axes lie in
+    memory in ``memory_order`` (outermost first; None: C order), as :func:`new_result`
+    makes it."""
+    strides = [0] * len(shape)
+    step = itemsize
+    for axis in reversed(memory_order or range(len(shape))):
+        strides[axis] = step
+        step *= max(shape[axis], 1)
+    return tuple(strides)
 
 
 def new_result(

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from teir.buffers import aligned_empty, new_result
+from teir.buffers import aligned_empty, new_result, new_strides
 from teir.frontend.einsum_parse import numpy_subscripts
 from teir.frontend.einsum_plan import Operand, Plan, operand, sum_out
 from teir.kernels.arrays import data_address, overlaps
@@ -34,19 +34,6 @@ from teir.runtime.checked_call import DONE, FALLBACK, ArrayLayout, CheckedCall, 
 # Results up to this size are allocated with np.empty (16-byte aligned) on the checked path:
 # only large outputs gain from 64-byte alignment (streaming stores), and aligning costs 1 us.
 SMALL_RESULT_BYTES = 1 << 18
-
-
-def _new_strides(
-    shape: tuple[int, ...], dtype: np.dtype[Any], memory_order: tuple[int, ...] | None
-) -> tuple[int, ...]:
-    """The byte strides of a new array of ``shape`` whose axes lie in ``memory_order``
-    (outermost first; None: C order), as :func:`teir.buffers.new_result` makes it."""
-    strides = [0] * len(shape)
-    step = dtype.itemsize
-    for axis in reversed(memory_order or range(len(shape))):
-        strides[axis] = step
-        step *= max(shape[axis], 1)
-    return tuple(strides)
 
 
 @dataclass(frozen=True)
@@ -172,7 +159,7 @@ def direct_call(
         operation = plan.regions[0].operation
         run = operation.run_addresses
         if out is None:
-            strides = _new_strides(plan.out_shape, plan.dtype, plan.memory_order)
+            strides = new_strides(plan.out_shape, plan.dtype.itemsize, plan.memory_order)
             result = ArrayLayout(plan.out_shape, strides, True)
         else:
             result = ArrayLayout(out.shape, out.strides, True)

@@ -38,7 +38,7 @@ from teir.frontend.einsum_plan import (
     vector_fill,
 )
 from teir.frontend.fallback_call import FallbackCall, RecordedStep, fallback_call
-from teir.frontend.result_layout import ORDERS
+from teir.frontend.result_layout import check_order, fortran_ordered
 from teir.frontend.split_reduction import plan_split, rest_views, short_rows, split_views
 from teir.kernels.arrays import data_address
 from teir.runtime.arguments import as_array
@@ -287,8 +287,7 @@ def einsum(
     >>> teir.einsum("ebda,fa->fbde", a, b, order="C").flags.c_contiguous
     True
     """
-    if order not in ORDERS:
-        raise EinsumError(f"order must be 'C', 'F', 'A' or 'K', got {order!r}")
+    check_order(order)
     if type(accumulate) is not bool or type(relu) is not bool or (accumulate and out is None):
         _check_flags(accumulate, relu)
         _check_accumulate_target(accumulate, out)
@@ -336,9 +335,7 @@ def einsum(
 
 def _in_order(result: Any, order: str, arrays: Sequence[np.ndarray]) -> Any:
     """A tree's C-ordered new ``result`` in the layout ``order`` asks for ("K": as it is)."""
-    fortran = order == "F" or (
-        order == "A" and all(a.flags.f_contiguous and not a.flags.c_contiguous for a in arrays)
-    )
+    fortran = order == "F" or (order == "A" and fortran_ordered(arrays))
     return np.asfortranarray(result) if fortran and isinstance(result, np.ndarray) else result
 
 
@@ -553,8 +550,7 @@ class ContractExpression:
         optimize: Any = None,
         order: str = "K",
     ) -> None:
-        if order not in ORDERS:
-            raise EinsumError(f"order must be 'C', 'F', 'A' or 'K', got {order!r}")
+        check_order(order)
         self.order = order
         self.subscripts = subscripts
         self.shapes = tuple(tuple(int(n) for n in shape) for shape in shapes)
@@ -671,8 +667,7 @@ def einsum_plan(
     order: str = "K",
 ) -> Plan:
     """The plan ``einsum`` uses for these operands (for ``plan.explain()``)."""
-    if order not in ORDERS:
-        raise EinsumError(f"order must be 'C', 'F', 'A' or 'K', got {order!r}")
+    check_order(order)
     arrays = _arrays(operands)
     if len(arrays) > 2:
         raise EinsumError("plans are per pair of operands; see teir.einsum for more")

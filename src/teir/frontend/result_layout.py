@@ -19,6 +19,9 @@ from itertools import permutations
 from math import prod
 from typing import Any, Protocol
 
+from teir.buffers import new_strides
+from teir.frontend.einsum_parse import EinsumError
+
 ORDERS = ("C", "F", "A", "K")
 # Another layout than the listed one is taken only where the cost model expects it to cost at
 # most this fraction of the listed one's: its estimates are coarse. Random binary einsums
@@ -36,17 +39,24 @@ class _Operand(Protocol):
     strides: dict[str, int]
 
 
+def check_order(order: Any) -> None:
+    """``order`` is one NumPy's einsum takes."""
+    if order not in ORDERS:
+        raise EinsumError(f"order must be 'C', 'F', 'A' or 'K', got {order!r}")
+
+
+def fortran_ordered(arrays: Sequence[Any]) -> bool:
+    """Whether every array is F- and not C-contiguous (NumPy's "A" then means "F")."""
+    return all(a.flags.f_contiguous and not a.flags.c_contiguous for a in arrays)
+
+
 def order_strides(
     memory_order: Sequence[int] | None, output: Sequence[str], sizes: dict[str, int]
 ) -> dict[str, int]:
     """Element strides of the output labels for an array whose axes lie in ``memory_order``
     (outermost first; None: the listed order)."""
-    strides: dict[str, int] = {}
-    step = 1
-    for axis in reversed(memory_order or range(len(output))):
-        strides[output[axis]] = step
-        step *= sizes[output[axis]]
-    return strides
+    shape = [sizes[label] for label in output]
+    return dict(zip(output, new_strides(shape, 1, memory_order)))
 
 
 def candidate_orders(inputs: Sequence[_Operand], output: Sequence[str]) -> list[tuple[int, ...]]:
@@ -88,10 +98,7 @@ def result_order(
     if order == "F":
         return reverse
     if order == "A":
-        fortran = all(
-            op.array.flags.f_contiguous and not op.array.flags.c_contiguous for op in inputs
-        )
-        return reverse if fortran else None
+        return reverse if fortran_ordered([op.array for op in inputs]) else None
     if len(inputs) != 2 or prod(sizes[label] for label in output) < MIN_ELEMENTS:
         return None
     listed, *others = candidate_orders(inputs, output)
@@ -103,4 +110,11 @@ def result_order(
     return best if cost <= LAYOUT_GAIN * listed_cost else None
 
 
-__all__ = ["ORDERS", "candidate_orders", "order_strides", "result_order"]
+__all__ = [
+    "ORDERS",
+    "candidate_orders",
+    "check_order",
+    "fortran_ordered",
+    "order_strides",
+    "result_order",
+]
