@@ -4,9 +4,9 @@ result into place if it needed a copy too.
 
 Copying fewer bytes is better, but a layout that merely fits a kernel can still make a poor
 one. So each subset of (in0, in1, result) is planned, the cheapest first, and taken when its
-kernel tiles span at least half of what copying all three gives and every tensor it leaves
-in place keeps its tile rows close together (``ijb,jkb->ikb`` with only in1 copied ran at
-3 % of peak, ``cabe,abde->cdba`` with in0's rows 388 KB apart lost to copying in0).
+kernel tiles span at least half of what copying all three gives and fill as many vector
+lanes. A tensor left in place is read (or written) there however far apart its tile rows
+lie: copying it costs more than the rows do (see ``choose``).
 
 Large copies are made a chunk at a time along one result label (see ``chunking``): each chunk
 is copied, contracted and copied back while it is in the caches.
@@ -28,7 +28,6 @@ import numpy as np
 
 from teir.frontend.einsum_parse import LETTERS
 from teir.frontend.einsum_plan import (
-    COMPUTE_BOUND_INTENSITY,
     Operand,
     Plan,
     canonical_orders,
@@ -38,7 +37,7 @@ from teir.frontend.einsum_plan import (
     runs_kernels,
     vector_fill,
 )
-from teir.ir import DimType, Tensor
+from teir.ir import DimType
 from teir.runtime.scratch import SCRATCH_LIMIT_BYTES, scratch
 
 # Label orders (in0, in1, result) of the copies; None: that tensor is used as it lies.
@@ -48,19 +47,6 @@ Orders = tuple[str | None, str | None, str | None]
 PlanStep = Callable[[str, list[np.ndarray], np.ndarray, bool], Plan]
 RunStep = Callable[[str, list[np.ndarray], np.ndarray, bool], None]
 
-# A tensor left where it lies must keep its kernel tile's rows this close together; rows
-# further apart each cost the kernel a TLB entry and a prefetch stream (cabe,abde->cdba with
-# in0's rows 388 KB apart: 6.9 ms used as it lies, 6.3 ms copied).
-ROW_GAP_LIMIT_BYTES = 64 << 10
-# An input of at least LARGE_COPY_BYTES whose copy would take about half as long as the
-# contraction's FLOPs at peak (at least one byte per LARGE_COPY_FLOPS_PER_BYTE FLOPs, in a
-# compute-bound contraction: ``einsum_plan.COMPUTE_BOUND_INTENSITY``) is left where it lies
-# even with its tile rows further apart: FP32 efacb,defa->dabc (16x32x97x32x21x28) reads
-# its 117 MB in0, K steps 198 KB apart, in place in 9.4-9.7 ms, where copying it took 32 ms
-# (NumPy 16 ms). Smaller ones are still copied (cabe,abde->cdba FP64 with a 9 MB in0, rows
-# 388 KB apart: 6.9 ms in place, 6.3 ms copied).
-LARGE_COPY_BYTES = 16 << 20
-LARGE_COPY_FLOPS_PER_BYTE = 32
 # Kernel tiles of this many elements (M x N x K) are large enough, whatever copying all
 # three tensors would give: aecb,eda->acbd FP64 with in1 copied has tiles of 184 x 129 x 44
 # where copying all gives 920 x 129 x 44, and runs in 11 ms to their 24.
@@ -117,19 +103,9 @@ def kernel_volume(plan: Plan) -> int:
     return prod(schedule.dim_sizes[a] for a in schedule.prim_axes)
 
 
-def fits(plan: Plan, uncopied: tuple[Tensor, ...] = ()) -> bool:
-    """Whether ``plan`` runs kernels (not the generic primitive), with the tiles of the
-    ``uncopied`` tensors compact enough to be read where they lie."""
-    if plan.canonical is not None or not runs_kernels(plan):
-        return False
-    assert plan.config is not None
-    schedule, itemsize = plan.config.schedule, plan.dtype.itemsize
-    return all(
-        abs(schedule.strides(tensor)[a]) * itemsize <= ROW_GAP_LIMIT_BYTES
-        for tensor in uncopied
-        for a in schedule.prim_axes
-        if schedule.dim_sizes[a] > 1
-    )
+def fits(plan: Plan) -> bool:
+    """Whether ``plan`` runs kernels (not the generic primitive) on the operands as given."""
+    return plan.canonical is None and runs_kernels(plan)
 
 
 def copied_bytes(plan: Plan, inputs: list[Operand], orders: Orders) -> int:
@@ -174,17 +150,6 @@ def choose(
 
     everything = contraction(full)
     assert everything is not None
-    # Inputs too large to copy cheaply may be read where they lie whatever their row gaps.
-    flops = everything.operation.config.flops if everything.operation is not None else 0
-    elements = sum(view.size for view in views) + prod(plan.out_shape)
-    compute_bound = flops >= COMPUTE_BOUND_INTENSITY * elements
-    large = tuple(
-        tensor
-        for tensor, view in zip((Tensor.IN0, Tensor.IN1), views)
-        if compute_bound
-        and view.nbytes >= LARGE_COPY_BYTES
-        and view.nbytes * LARGE_COPY_FLOPS_PER_BYTE >= flops
-    )
     if not fits(everything):
         return full, everything
     bytes_of = [prod(sizes[x] for x in order or "") for order in full]
@@ -192,6 +157,16 @@ def choose(
     # Each subset is tried in the canonical orders, then in the transposed product's: a
     # result with N's unit stride fits a kernel once in1 has it too (FP64 aecb,eda->acbd
     # with in1 copied N-innermost, the result written in place: 24 -> 11 ms).
+    # The tensors left in place may have their tile rows far apart (each row a TLB entry
+    # and a prefetch stream of the kernel's): copying the larger tensor instead costs more.
+    # Random binary einsums whose choice that changed (2 threads, alternating, same
+    # process), where rows were kept within 64 KiB before: FP32 12 of 150 changed, geometric
+    # mean 1.47x faster (fdgh,dhbg->dfb 48x16x50x100x14 2.1 -> 0.74 ms with in1 copied
+    # instead of its three times larger in0; gea,fag->ef 3.3x), two slower (0.86x, 0.96x);
+    # another 13 of 150, 1.23x, three slower (0.68x, 0.93x, 0.98x); FP64 13 of 150, 1.46x
+    # (dfga,hagc->fdcah 15.4 -> 3.9 ms), three slower (0.70x, 0.88x, 0.99x).
+    # cabe,abde->cdba (16x3x40x600, 8, FP64), the case the limit was set for, now runs in
+    # 1.07 ms copying in0 and 0.33 ms reading it in place.
     mirrored = canonical_orders(inputs, plan.subscripts.output, mirrored=True)
     tried: set[Orders] = set()
     for subset in sorted(subsets, key=lambda s: sum(bytes_of[i] for i in s)):
@@ -205,14 +180,13 @@ def choose(
                 continue
             tried.add(orders)
             product = contraction(orders)
-            uncopied = tuple(t for t in Tensor if t.value not in subset and t not in large)
             if relayout:
                 # the tensors left in place are read as the plan's kernel reads them
                 if copied_bytes(plan, inputs, orders) > SCRATCH_LIMIT_BYTES:
                     continue
                 if product is None or not fits(product) or not plain_outer(product):
                     continue
-            elif product is None or not fits(product, uncopied):
+            elif product is None or not fits(product):
                 continue
             volume = min(kernel_volume(everything), LARGE_KERNEL_VOLUME)
             big = 2 * kernel_volume(product) >= volume or large_tile(product)

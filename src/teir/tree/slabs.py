@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from teir.codegen.target import l3_share
-from teir.frontend.copy_fallback import ROW_GAP_LIMIT_BYTES
 from teir.frontend.einsum_parse import Subscripts
 from teir.frontend.einsum_plan import Plan, make_plan, outer_untransposed, placeholder
 from teir.ir import DimType, Tensor
@@ -200,6 +199,11 @@ def _slabs(
         scratch,
         elements * itemsize,
     )
+
+
+# A slab's input tiles read where they lie keep their rows this close together (see
+# _rows_close).
+ROW_GAP_LIMIT_BYTES = 64 << 10
 
 
 def _rows_close(plan: Plan) -> bool:
