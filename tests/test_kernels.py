@@ -682,18 +682,29 @@ def test_k_pieces_only_for_a_few_columns_of_c(columns, pieces):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_transposed_a_packed_into_the_outer_form(dtype):
     # A stored transposed (unit stride on K) with B unit on K: A's row blocks are transposed
-    # into the packing buffer once M and K fill vectors.
+    # into the packing buffer once M fills vectors, short K (masked loads) included.
     lanes = HOST.lanes(4 if dtype == "f32" else 8)
     specs = []
     for index, (m, k) in enumerate(
         itertools.product(
-            (lanes, lanes + 1, 2 * lanes - 1, 33, 100), (lanes, lanes + 1, 31, 40, 64)
+            (lanes, lanes + 1, 2 * lanes - 1, 33, 100), (1, 3, lanes - 1, lanes, lanes + 1, 31, 64)
         )
     ):
         n = (16, 17, 20, 33)[index % 4]
         specs.append(brgemm_spec(dtype, m, n, k, 1 + index % 3, True, False, index % 2, index % 3))
     assert all(choose_blocking(s, HOST).form == "outer" for s in specs)
+    assert all(choose_blocking(s, HOST).pack_a for s in specs)
     sweep(specs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("trans_b", "form"), [(False, "dot"), (True, "mirror")])
+def test_transposed_a_too_deep_to_pack_keeps_its_own_form(dtype, trans_b, form):
+    # A row block of A over all of a long K outgrows the packing buffer: dot products along K
+    # (B unit on K) or the mirror form (B unit on N) read A where it lies.
+    spec = brgemm_spec(dtype, 64, 32, 8192, 1, True, trans_b, 1, 0)
+    assert choose_blocking(spec, HOST).form == form
+    sweep([spec])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

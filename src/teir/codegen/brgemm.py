@@ -208,25 +208,28 @@ def b_steps_far_apart(spec: BrgemmSpec) -> bool:
     )
 
 
-def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
-    """The register block for ``spec`` on ``target``."""
+def choose_blocking(spec: BrgemmSpec, target: Target, pack_transposed: bool = True) -> Blocking:
+    """The register block for ``spec`` on ``target`` (``pack_transposed``: an A stored
+    transposed may be packed, see below)."""
     full_lanes = target.lanes(spec.itemsize)
     registers = target.vector_registers
-    # A stored transposed (unit stride on K) with B unit on K: when M and K fill vectors, A's
-    # row blocks are transposed into the packing buffer and the outer form runs on them;
-    # otherwise dot products along K.
-    # Packing pays off only when several column blocks reuse it (not for matrix-vector).
+    # A stored transposed (unit stride on K) with B unit on K: where M fills vectors and
+    # enough column blocks reuse the packing (not a matrix-vector product), A's row blocks
+    # are transposed into the packing buffer and the outer form runs on them; otherwise dot
+    # products along K. Short K packs as well (masked loads; FP32, 2 threads, gc,ac->ag
+    # 512 x 2560 x K 14 410 -> 194 us, bgc,bac->bag 64 x 96 x 128 x K 12 477 -> 172 us).
+    # With B stored transposed too, the mirror form (vectors along N) runs instead: packing
+    # A won and lost alike there (gc,ca->ag K 14 394 -> 173 us, db,hfd->fbh 930 -> 318 us;
+    # be,hb->eh 0.75 -> 1.14 ms, eda,cbde->acb 62x54x63x131x9 1.35 -> 2.48 ms).
     packs_transposed = (
-        spec.trans_a
+        pack_transposed
+        and spec.trans_a
         and not spec.trans_b
         and spec.m >= full_lanes
-        and spec.k >= full_lanes
         and spec.n >= PACK_MIN_COLUMNS
     )
-    if spec.trans_a and not spec.trans_b and not packs_transposed:
-        form = "dot"
-    elif spec.trans_a and spec.trans_b:
-        form = "mirror"
+    if spec.trans_a and not packs_transposed:
+        form = "mirror" if spec.trans_b else "dot"
     else:
         form = "outer"
     # B stored transposed with its K steps pages apart: one column block reads one line per
@@ -298,7 +301,7 @@ def choose_blocking(spec: BrgemmSpec, target: Target) -> Blocking:
         packed = spec.k * vectors * lanes * spec.itemsize  # bytes per batch element
         far_apart = spec.lda * spec.itemsize >= pack_leading_bytes(target) or packs_transposed
         if packs_transposed and packed > PACK_BUFFER_BYTES:
-            return Blocking("dot", full_lanes, *((4, 4) if registers >= 32 else (3, 3)), chunk)
+            return choose_blocking(spec, target, pack_transposed=False)
         blocks = -(-spec.m // (vectors * lanes))
         whole = packed * blocks
         if (
