@@ -189,6 +189,11 @@ def test_non_strings(value):
         ("222", "sequence of integers"),
         (5, "sequence of integers"),
         (None, "sequence of integers"),
+        ({0: 2, 1: 3}, "uses ids [2], which sizes does not give"),
+        ({0: 2, 1: 0, 2: 4}, "sizes[1] = 0 must be at least 1"),
+        ({0: 2, 1: 3, 2: 4.0}, "sizes[2] = 4.0 is not an integer"),
+        ({0: 2, 1: 3, 2: 4, "x": 5}, "sizes has the key 'x'"),
+        ({0: 2, 1: 3, 2: 4, -1: 5}, "sizes has the key -1"),
     ],
 )
 def test_bad_sizes_name_the_problem(sizes, fragment):
@@ -204,6 +209,18 @@ def test_sizes_may_be_any_integer_sequence_and_extra_sizes_are_fine():
         assert all(type(s) is int for s in tree.sizes)
     tree = teir.EinsumTree.parse("[0,1],[1,2]->[0,2]", [2, 3, 4, 99, 100])
     assert tree.leaf_shapes == [(2, 3), (3, 4)] and tree.out_shape == (2, 4)
+
+
+def test_sizes_may_map_ids_to_sizes():
+    tree = teir.EinsumTree.parse("[0,1],[1,3]->[0,3]", {3: 4, 0: 2, 1: np.int64(3), 7: 9})
+    assert tree.leaf_shapes == [(2, 3), (3, 4)] and tree.out_shape == (2, 4)
+    a, b = np.arange(6.0).reshape(2, 3), np.arange(12.0).reshape(3, 4)
+    np.testing.assert_allclose(
+        teir.EinsumTree.parse("[0,1],[1,3]->[0,3]", {0: 2, 1: 3, 3: 4}, dtype=np.float64).compile()(
+            a, b
+        ),
+        a @ b,
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "FP32", "fp64", np.float64, np.dtype(np.float32)])

@@ -13,7 +13,7 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -65,15 +65,20 @@ class EinsumTree:
     that was parsed (rewrites keep that order), each row-major in its ids.
     """
 
-    def __init__(self, root: Node, sizes: Sequence[int], dtype: Any = np.float32) -> None:
+    def __init__(
+        self, root: Node, sizes: Sequence[int] | Mapping[int, int], dtype: Any = np.float32
+    ) -> None:
         self.root = root
         self.sizes = check_sizes(root, sizes)
         self.dtype = _dtype(dtype)
 
     @classmethod
-    def parse(cls, string: str, sizes: Sequence[int], dtype: Any = np.float32) -> EinsumTree:
+    def parse(
+        cls, string: str, sizes: Sequence[int] | Mapping[int, int], dtype: Any = np.float32
+    ) -> EinsumTree:
         """The tree a course-format string describes (``left,right->[out]``,
-        ``[child]->[out]``, nested in brackets), with one size per id."""
+        ``[child]->[out]``, nested in brackets), with one size per id: a sequence indexed by
+        id, or a mapping id -> size (``{0: 3, 1: 4, 2: 5}``)."""
         return cls(parse_tree(string), sizes, dtype)
 
     def to_string(self) -> str:

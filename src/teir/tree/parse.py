@@ -13,6 +13,8 @@ Grammar (spaces are ignored)::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from teir.errors import TeirError
 from teir.tree.nodes import Node, NodeKind
 
@@ -167,7 +169,10 @@ def parse_tree(text: str) -> Node:
 
 
 def check_sizes(node: Node, sizes: object) -> tuple[int, ...]:
-    """``sizes`` as a tuple of ints, one per id (index = id), every used id covered."""
+    """``sizes`` (a sequence indexed by id, or a mapping id -> size) as a tuple of ints, one
+    per id (index = id), every used id covered."""
+    if isinstance(sizes, Mapping):
+        return _mapped_sizes(node, sizes)
     if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
         raise TreeError(f"sizes must be a sequence of integers (one per id), got {sizes!r}")
     values = []
@@ -185,6 +190,25 @@ def check_sizes(node: Node, sizes: object) -> tuple[int, ...]:
             f"{len(values) - 1}); give one size per id, in id order"
         )
     return tuple(values)
+
+
+def _mapped_sizes(node: Node, sizes: Mapping[object, object]) -> tuple[int, ...]:
+    """``check_sizes`` for a mapping id -> size; ids the tree does not use may be absent."""
+    found: dict[int, int] = {}
+    for key, size in sizes.items():
+        if isinstance(key, bool) or not hasattr(key, "__index__") or key.__index__() < 0:
+            raise TreeError(f"sizes has the key {key!r}: ids are integers from 0")
+        if isinstance(size, bool) or not hasattr(size, "__index__"):
+            raise TreeError(f"sizes[{key!r}] = {size!r} is not an integer")
+        if size.__index__() < 1:
+            raise TreeError(f"sizes[{key!r}] = {size} must be at least 1 (the size of id {key})")
+        found[key.__index__()] = size.__index__()
+    used = sorted({i for n in _all(node) for i in n.ids})
+    missing = [i for i in used if i not in found]
+    if missing:
+        raise TreeError(f"the tree uses ids {missing}, which sizes does not give; add them")
+    count = max([*found, *used], default=-1) + 1
+    return tuple(found.get(i, 1) for i in range(count))
 
 
 def _all(node: Node) -> list[Node]:
