@@ -516,6 +516,37 @@ def test_kernels_that_fill_few_lanes_go_through_copies():
     assert "copied" not in teir.einsum_plan("ik,jk->ij", x, y).explain()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_memory_bound_result_written_by_few_lanes_comes_from_copied_inputs(dtype):
+    # K (a) of 3, the result its largest tensor, listed with e (3) innermost: the kernel that
+    # fits as they lie runs dot products of 3 elements. in0 copied lines b, d and e up along
+    # the result's rows (FP32 3x31x3x200x128 into an out: 1.29 -> 0.41 ms).
+    sizes = {"a": 3, "b": 20, "d": 16, "e": 3, "f": 31}
+    a, b = operands([[sizes[x] for x in "ebda"], [sizes[x] for x in "fa"]], dtype)
+    out = np.ones([sizes[x] for x in "fbde"], dtype)
+    text = teir.einsum_plan("ebda,fa->fbde", a, b, out=out).explain()
+    filled = "19%" if dtype == np.float32 else "38%"  # 3 of 16 or of 8 lanes
+    assert f"fills {filled} of its vector lanes" in text
+    assert "in0 is copied" in text and "permuted into place" not in text
+    expected = np.einsum("ebda,fa->fbde", a.astype(np.float64), b.astype(np.float64))
+    bound = 1e-5 if dtype == np.float32 else 1e-12
+    for _ in range(2):  # planned, then replayed
+        out[...] = 1
+        teir.einsum("ebda,fa->fbde", a, b, out=out, accumulate=True)
+        np.testing.assert_allclose(out, expected + 1, rtol=bound, atol=bound)
+    # a memory-bound result is never copied itself: its copy would cost more than it saves
+    sizes = {"a": 40, "d": 28, "f": 2, "g": 10, "h": 10}
+    x, y = operands([[sizes[x] for x in "fd"], [sizes[x] for x in "gahf"]], dtype)
+    text = teir.einsum_plan("fd,gahf->ahdg", x, y).explain()
+    assert "permuted into place" not in text
+    np.testing.assert_allclose(
+        teir.einsum("fd,gahf->ahdg", x, y),
+        np.einsum("fd,gahf->ahdg", x, y),
+        rtol=bound,
+        atol=bound,
+    )
+
+
 def test_a_large_input_with_far_apart_rows_is_read_where_it_lies():
     # in0's K steps lie 198 KB apart; copying its 29 MB would cost about as long as the
     # contraction: it is read in place (at 16x32x97x32x21x28 FP32: 9.7 ms, 32 ms through a

@@ -121,10 +121,13 @@ def choose(
     out: np.ndarray | None,
     plan_step: PlanStep,
     relayout: bool = False,
+    copy_result: bool = True,
 ) -> tuple[Orders, Plan]:
     """Which tensors to copy (``plan.canonical`` holds the orders of copying all three), and
     the plan of the contraction that then runs. ``relayout``: the copies are for the plain
-    outer-product kernel (``einsum_plan.relayout_pays``), within the scratch buffer."""
+    outer-product kernel (``einsum_plan.relayout_pays``), within the scratch buffer.
+    ``copy_result``: copies of the result may be chosen; without, only those of inputs are
+    tried (and failing them, all three)."""
     assert plan.canonical is not None
     full = plan.canonical
     sizes = label_sizes(inputs, plan.subscripts.output)
@@ -153,7 +156,7 @@ def choose(
     if not fits(everything):
         return full, everything
     bytes_of = [prod(sizes[x] for x in order or "") for order in full]
-    subsets = [s for r in (1, 2) for s in combinations(range(3), r)]
+    subsets = [s for r in (1, 2) for s in combinations(range(3), r) if copy_result or 2 not in s]
     # Each subset is tried in the canonical orders, then in the transposed product's: a
     # result with N's unit stride fits a kernel once in1 has it too (FP64 aecb,eda->acbd
     # with in1 copied N-innermost, the result written in place: 24 -> 11 ms).

@@ -26,6 +26,7 @@ from teir.frontend.einsum_plan import (
     SHORT_DEPTH_GAIN,
     Operand,
     Plan,
+    compute_bound,
     kernel_depth,
     make_plan,
     operand,
@@ -113,6 +114,7 @@ def _key(
     split: bool = True,
     fresh: bool = False,
     order: str = "K",
+    fallback: bool = True,
 ) -> tuple[Any, ...]:
     first, last = arrays[0], arrays[-1]
     if len(arrays) <= 2:  # spelled out: every call of the direct path builds this key
@@ -130,6 +132,7 @@ def _key(
         threads,
         split,
         fresh,
+        fallback,
     )
 
 
@@ -149,14 +152,22 @@ def _plan(
     copying fallback is returned without one, and not cached). ``fresh``: ``out`` stands for
     a result allocated for the call, written once (see ``make_plan``'s resident_output).
     ``order``: the layout of a new result (without ``out``), see ``make_plan``."""
-    key = _key(subscripts, arrays, out, accumulate, relu, threads, split, fresh, order)
+    key = _key(subscripts, arrays, out, accumulate, relu, threads, split, fresh, order, fallback)
     found = _plans.get(key)
     if found is not None:
         return found[0], found[1]
     parsed = parse(subscripts, [a.ndim for a in arrays])
     resident = False if fresh else None
     plan, inputs = make_plan(
-        parsed, arrays, out, accumulate, relu, threads, resident_output=resident, order=order
+        parsed,
+        arrays,
+        out,
+        accumulate,
+        relu,
+        threads,
+        resident_output=resident,
+        order=order,
+        memory_bound_copies=fallback,
     )
     # Operands used in place need only their address per call; the others are prepared again.
     direct = tuple(
@@ -179,8 +190,12 @@ def _plan(
             )[0]
 
         relayout = relayout_pays(plan, inputs)
+        # A memory-bound contraction that runs kernels as it lies is not worth its result
+        # copied (random memory-bound einsums, K of 2-8: with the result's copies allowed,
+        # cdebh,ehdbf->hfdbc 0.43 -> 1.05 ms, fd,gahf->ahdg 0.07 -> 0.21 ms).
+        copy_result = not runs_kernels(plan) or compute_bound(plan, inputs)
         plan.canonical, plan.product = copy_fallback.choose(
-            plan, inputs, out, contraction, relayout
+            plan, inputs, out, contraction, relayout, copy_result
         )
         # A plan that runs kernels as the operands lie, filling few vector lanes or summing
         # short runs of K: the copies pay only when their kernel fills at least twice as
@@ -201,7 +216,7 @@ def _plan(
                 and plain_outer(product)
                 and copy_fallback.copied_bytes(plan, inputs, orders) <= SCRATCH_LIMIT_BYTES
             )
-            if not (fuller or deeper or relaid):
+            if not (fuller or deeper or relaid) or (not copy_result and orders[2] is not None):
                 plan.canonical, plan.product = None, None
     one_thread = bool(plan.regions) and all(len(r.operation.slices) == 1 for r in plan.regions)
     if (
@@ -372,17 +387,23 @@ def _one_or_two(
     split: bool = True,
     fresh: bool = False,
     order: str = "K",
+    fallback: bool = True,
 ) -> Any:
     """:func:`einsum` of one or two operands (``split=False``: never share a reduction;
     ``fresh``: ``out`` is a result allocated for this call, see :func:`_plan`; ``order``:
-    the layout of a new result)."""
+    the layout of a new result; ``fallback=False``: planned as the copying fallback plans
+    its steps, see :func:`_plan`)."""
     out_array = None
     if out is not None:
         out_array = out if isinstance(out, np.ndarray) else as_array("out", out)
         _check_writable(out_array)
-    plan, direct = _plan(
-        subscripts, arrays, out_array, accumulate, relu, threads, split, fresh=fresh, order=order
-    )
+    options = (split, fallback, fresh, order)
+    plan, direct = _plan(subscripts, arrays, out_array, accumulate, relu, threads, *options)
+    if plan.canonical is not None and plan.product is None:  # a step that needs copies itself
+        fallback = True
+        plan, direct = _plan(
+            subscripts, arrays, out_array, accumulate, relu, threads, split, True, fresh, order
+        )
     dtype = plan.dtype
     if out_array is not None:
         out_array = _check_out(out_array, plan.out_shape, dtype)
@@ -393,7 +414,16 @@ def _one_or_two(
         replay = _through_canonical(plan, arrays, out_array, result, threads, accumulate, relu)
         if replay is not None:
             key = _key(
-                subscripts, arrays, out_array, accumulate, relu, threads, split, fresh, order
+                subscripts,
+                arrays,
+                out_array,
+                accumulate,
+                relu,
+                threads,
+                split,
+                fresh,
+                order,
+                fallback,
             )
             with _lock:
                 if key in _plans and _plans[key][0] is plan:
@@ -478,9 +508,9 @@ def _through_canonical(
         options = (accumulate and last, relu and last)
         # planned as choose() planned it: the result, without an out, is new at every call
         fresh = last and out is None
-        _one_or_two(subscripts, operands, target, threads, *options, fresh=fresh)
+        _one_or_two(subscripts, operands, target, threads, *options, fresh=fresh, fallback=False)
         if record:
-            key = _key(subscripts, operands, target, *options, threads, fresh=fresh)
+            key = _key(subscripts, operands, target, *options, threads, fresh=fresh, fallback=False)
             found = _plans.get(key)
             call = found[2] if found is not None else None
             call = call if isinstance(call, DirectCall) else None

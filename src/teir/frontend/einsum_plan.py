@@ -355,6 +355,7 @@ def make_plan(
     relayout: bool = True,
     resident_output: bool | None = None,
     order: str = "C",
+    memory_bound_copies: bool = False,
 ) -> tuple[Plan, list[Operand]]:
     """The plan for these operands (its operands are returned too: they may be new arrays).
     ``relayout=False``: copies are planned only where no kernel fits well as the operands
@@ -363,7 +364,10 @@ def make_plan(
     ``resident_output``: whether the result is written into memory reused call after call
     (default: when an ``out`` is given; a result allocated for each call is not).
     ``order``: the memory layout of a new result (without ``out``), as NumPy's einsum takes
-    it: "C", "F", "A" or "K" (teir's choice, see :mod:`teir.frontend.result_layout`)."""
+    it: "C", "F", "A" or "K" (teir's choice, see :mod:`teir.frontend.result_layout`).
+    ``memory_bound_copies``: copies are also planned for a memory-bound contraction whose
+    result is its largest tensor, written by a kernel that fills few vector lanes (einsum's
+    own call, not the contraction of its copies)."""
     if resident_output is None:
         resident_output = out is not None
     dtype = arrays[0].dtype
@@ -405,9 +409,17 @@ def make_plan(
         )
     assert plan.operation is not None
     main = plan.operation.nest.main
-    elements = sum(op.array.size for op in inputs) + prod(out_shape)
-    intense = plan.operation.config.flops >= COMPUTE_BOUND_INTENSITY * elements
-    poor = main is not None and main.kind == "brgemm" and intense and vector_fill(plan) < POOR_FILL
+    intense = compute_bound(plan, inputs)
+    # a memory-bound contraction whose result is its largest tensor, written by a kernel
+    # that fills few lanes: inputs copied into layouts whose kernel fills them write it
+    # faster (see copy_fallback.choose's copy_result)
+    result_bound = memory_bound_copies and prod(out_shape) >= sum(op.array.size for op in inputs)
+    poor = (
+        main is not None
+        and main.kind == "brgemm"
+        and (intense or result_bound)
+        and vector_fill(plan) < POOR_FILL
+    )
     if len(inputs) != 2 or main is None:
         return plan, inputs
     unfit = main.kind == "generic" or poor
@@ -441,7 +453,15 @@ def make_plan(
                 # copies: the listed one decides (heb,dhf->dfbe FP32, 7 x 50 x 31 x 31 x 24:
                 # 0.18 ms as listed, 2.1 ms through copies into the chosen one)
                 return make_plan(
-                    subscripts, arrays, out, accumulate, relu, threads, relayout, resident_output
+                    subscripts,
+                    arrays,
+                    out,
+                    accumulate,
+                    relu,
+                    threads,
+                    relayout,
+                    resident_output,
+                    memory_bound_copies=memory_bound_copies,
                 )
     return plan, inputs
 
@@ -455,6 +475,14 @@ POOR_FILL = 0.5
 # its memory traffic, which copies add to, bounds it (ij,ji-> on 300 x 470: 132 us as it
 # lies, 289 us through copies).
 COMPUTE_BOUND_INTENSITY = 8
+
+
+def compute_bound(plan: Plan, inputs: list[Operand]) -> bool:
+    """Whether the plan's contraction does at least ``COMPUTE_BOUND_INTENSITY`` FLOPs per
+    element of its operands and result."""
+    assert plan.operation is not None
+    elements = sum(op.array.size for op in inputs) + prod(plan.out_shape)
+    return plan.operation.config.flops >= COMPUTE_BOUND_INTENSITY * elements
 
 
 def _main(plan: Plan) -> TileOp | None:
