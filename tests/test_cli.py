@@ -265,6 +265,10 @@ def test_tree_command_errors_point_at_the_problem(capsys):
     assert "--sizes" in capsys.readouterr().err
     assert main(["tree", "[0,1],[1,2]->[0,2]", "--sizes", "3,3"]) == 1
     assert "ids [2]" in capsys.readouterr().err
+    # leaves larger than the machine's memory: an error before any is allocated
+    assert main(["tree", "[0,1],[1,2]->[0,2]", "--sizes", "100000,100000,100000"]) == 1
+    err = capsys.readouterr().err
+    assert "random leaves" in err and "more than this machine's" in err and "--sizes" in err
 
 
 def test_bench_trees_expression_follows_the_tree():

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from teir.buffers import check_memory
+from teir.errors import ExecutionError
 from teir.tree.parse import TreeError
 
 
@@ -60,10 +62,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"tree: {tree.to_string()}")
     if args.explain:
         print(compiled.explain())
+    _check_fits(tree, compiled, np.dtype(dtype).itemsize)
     rng = np.random.default_rng(0)
-    arrays = [rng.uniform(-1, 1, shape).astype(dtype) for shape in tree.leaf_shapes]
-    result = compiled(*arrays)
-    expected = _evaluate(tree, [a.astype(np.float64) for a in arrays])
+    try:
+        arrays = [rng.uniform(-1, 1, shape).astype(dtype) for shape in tree.leaf_shapes]
+        result = compiled(*arrays)
+        expected = _evaluate(tree, [a.astype(np.float64) for a in arrays])
+    except MemoryError:
+        raise ExecutionError(
+            "could not allocate the tree's random leaves, its result and NumPy's check of it: "
+            "reduce --sizes"
+        ) from None
     scale = max(float(np.max(np.abs(expected))) if expected.size else 1.0, 1.0)
     error = float(np.max(np.abs(result - expected))) if expected.size else 0.0
     ok = error <= (1e-3 if dtype == np.float32 else 1e-10) * scale
@@ -77,6 +86,24 @@ def run(args: argparse.Namespace) -> int:
         seconds = best_seconds(lambda: compiled(*arrays, out=out), args.seconds)
         print(f"time {seconds * 1e3:.3f} ms, {tree.flops / seconds / 1e9:.1f} GFLOP/s")
     return 0 if ok else 1
+
+
+def _check_fits(tree: Any, compiled: Any, itemsize: int) -> None:
+    """A clear error, before the leaves are allocated, where the leaves, the result (with
+    --bench's out) and NumPy's FP64 check of them (its intermediates about as large as the
+    compiled tree's) would not fit this machine's memory."""
+    from math import prod
+
+    leaves = sum(prod(shape) for shape in tree.leaf_shapes)
+    result = prod(tree.out_shape)
+    needed = (leaves + result) * (itemsize + 8) + result * itemsize
+    needed += compiled.intermediate_bytes // itemsize * 8
+    check_memory(
+        needed,
+        f"the tree's random leaves ({leaves * itemsize / 2**30:.3g} GiB), its result "
+        f"({result * itemsize / 2**30:.3g} GiB) and NumPy's FP64 check of them need {{size}}",
+        "reduce --sizes",
+    )
 
 
 def _evaluate(tree: Any, arrays: list[Any]) -> Any:
