@@ -300,6 +300,14 @@ def test_errors(call, match):
     assert issubclass(teir.EinsumError, ValueError)
 
 
+def test_a_result_larger_than_memory_is_refused_before_allocation():
+    # 10^6 x 10^6 FP64 is 7.3 TiB: teir's own error, a MemoryError as NumPy's would be
+    with pytest.raises(teir.OutOfMemoryError, match=r"\(1000000, 1000000\).*more than"):
+        teir.einsum("i,j->ij", np.ones(10**6), np.ones(10**6))
+    assert issubclass(teir.OutOfMemoryError, MemoryError)
+    assert issubclass(teir.OutOfMemoryError, teir.ExecutionError)
+
+
 def test_read_only_out():
     out = np.zeros((2, 2))
     out.flags.writeable = False

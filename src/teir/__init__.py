@@ -20,7 +20,7 @@ True
 """
 
 from teir import reference
-from teir.errors import ExecutionError, TeirError, ValidationError, Violation
+from teir.errors import ExecutionError, OutOfMemoryError, TeirError, ValidationError, Violation
 from teir.frontend.einsum import contract_expression, einsum, einsum_plan
 from teir.frontend.einsum_parse import EinsumError
 from teir.ir import (
@@ -56,6 +56,7 @@ __all__ = [
     "ExecType",
     "ExecutionError",
     "Operation",
+    "OutOfMemoryError",
     "PrimFirst",
     "PrimLast",
     "PrimMain",

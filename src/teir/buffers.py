@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from functools import cache
 from math import prod
 from typing import Any
 
 import numpy as np
 
-from teir.errors import ExecutionError
+from teir.errors import ExecutionError, OutOfMemoryError
 from teir.ir import Config, PrimMain, Tensor
 from teir.kernels.arrays import data_address
 
@@ -117,6 +118,13 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     vectors there, and only aligned vectors can bypass the caches (NumPy aligns to 16)."""
     dtype = np.dtype(dtype)
     count = prod(shape)  # math.prod: np.prod of a tuple costs microseconds on every call
+    available = memory_bytes()
+    if available is not None and count * dtype.itemsize > available:  # a clear error, not NumPy's
+        check_memory(
+            count * dtype.itemsize,
+            f"a new array of shape {tuple(shape)} ({dtype}) needs {{size}}",
+            "use smaller operands (or sizes)",
+        )
     raw = np.empty(count * dtype.itemsize + VECTOR_ALIGN, np.uint8)
     start = (-data_address(raw)) % VECTOR_ALIGN
     array: np.ndarray = raw[start : start + count * dtype.itemsize].view(dtype).reshape(shape)
@@ -149,6 +157,7 @@ def new_result(
     return view
 
 
+@cache
 def memory_bytes() -> int | None:
     """This machine's physical memory in bytes, where the platform says (None elsewhere)."""
     try:
@@ -163,7 +172,7 @@ def check_memory(nbytes: int, need: str, fix: str) -> None:
     to need less."""
     available = memory_bytes()
     if available is not None and nbytes > available:
-        raise ExecutionError(
+        raise OutOfMemoryError(
             need.format(size=f"{nbytes / 2**30:.3g} GiB")
             + f", more than this machine's {available / 2**30:.3g} GiB of memory: {fix}"
         )

@@ -57,3 +57,8 @@ class ValidationError(TeirError, ValueError):
 
 class ExecutionError(TeirError, ValueError):
     """Arguments that cannot be used to execute a configuration (checked before any access)."""
+
+
+class OutOfMemoryError(ExecutionError, MemoryError):
+    """Memory a call would need beyond this machine's, refused before any is allocated (also
+    a ``MemoryError``, as NumPy raises where an allocation fails)."""
