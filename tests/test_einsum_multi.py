@@ -483,6 +483,23 @@ def test_contract_expression_accepts_views(optimize):
             views[index] = make(ops[index])
             np.testing.assert_array_equal(views[index], ops[index])
             assert_close(expr(*views), subscripts, views)
+            # back to C order, twice: the views remade from the last layout's are not reused
+            assert_close(expr(*ops), subscripts, ops)
+            assert_close(expr(*ops), subscripts, ops)
+
+
+def test_repeated_calls_remake_the_leaves_views():
+    # C-ordered operands are permuted views on later calls; a diagonal stays prepared anew
+    for subscripts, shapes in [
+        ("ab,cb,cd->ad", [(3, 4), (5, 4), (5, 2)]),
+        ("iij,jk,kl->il", [(3, 3, 4), (4, 5), (5, 2)]),
+        ("abc,b,ca->c", [(2, 3, 4), (1,), (4, 2)]),  # b of size 1 broadcasts
+    ]:
+        expr = teir.contract_expression(subscripts, *shapes)
+        for seed in range(3):
+            ops = operands(shapes, seed=seed)
+            assert_close(expr(*ops), subscripts, ops)
+            assert_close(teir.einsum(subscripts, *ops), subscripts, ops)
 
 
 def test_contract_expression_scalar_result_and_options():

@@ -540,22 +540,27 @@ def _multi_operand(
 ) -> Any:
     """Three or more operands: an einsum tree along opt_einsum's path, optimized, compiled
     once per shapes/strides/dtype (cached) with its intermediates in one arena."""
-    from teir.tree.from_einsum import compile_einsum, prepare
+    from teir.tree.from_einsum import compile_einsum, permuted_views, prepare
 
     if threads is None:
         threads = default_threads()
-    parsed = parse(subscripts, [a.ndim for a in arrays])
     path_key = optimize if isinstance(optimize, (str, bool, type(None))) else repr(optimize)
     key = (*_key(subscripts, arrays, None, accumulate, relu, threads), path_key)
-    tree = _trees.get(key)
-    if tree is None:
-        tree, views = compile_einsum(parsed, arrays, optimize, threads, accumulate, relu)
+    found = _trees.get(key)
+    if found is None:
+        parsed = parse(subscripts, [a.ndim for a in arrays])
+        tree, prepared = compile_einsum(parsed, arrays, optimize, threads, accumulate, relu)
+        views = prepared.views
         with _lock:
             if len(_trees) >= TREE_CACHE_SIZE:
                 _trees.pop(next(iter(_trees)))
-            _trees[key] = tree
-    else:
-        views = prepare(parsed, arrays).views
+            _trees[key] = (tree, prepared.axes)
+    else:  # the same shapes and strides: the same views, as transposes where they are
+        tree, axes = found
+        views = (
+            permuted_views(arrays, axes)
+            or prepare(parse(subscripts, [a.ndim for a in arrays]), arrays).views
+        )
     if out is not None:
         out = _check_out(
             out if isinstance(out, np.ndarray) else as_array("out", out),
@@ -593,6 +598,8 @@ class ContractExpression:
         self.optimize = optimize
         self.plan: Plan | None = None
         self.tree: Any = None
+        # a tree's operands' strides at the last call and their views' axes (prepare's)
+        self._view_axes: tuple[Any, list[tuple[int, ...] | None]] | None = None
         _check_threads(threads)
         _check_flags(accumulate, relu)
         count = threads or default_threads()
@@ -637,7 +644,7 @@ class ContractExpression:
                     f"operand {index} has shape {actual}, the expression was built for {shape}"
                 )
         if self.tree is not None:
-            from teir.tree.from_einsum import prepare
+            from teir.tree.from_einsum import permuted_views, prepare
 
             arrays = [
                 a if a.dtype == self.dtype else a.astype(self.dtype) for a in _arrays(operands)
@@ -648,7 +655,13 @@ class ContractExpression:
                     self.tree.out_shape,
                     self.dtype,
                 )
-            views = prepare(self.parsed, arrays, self.tree.leaf_ids).views
+            layout = tuple(a.strides for a in arrays)
+            known = self._view_axes
+            views = permuted_views(arrays, known[1]) if known and known[0] == layout else None
+            if views is None:
+                prepared = prepare(self.parsed, arrays, self.tree.leaf_ids)
+                self._view_axes = (layout, prepared.axes)
+                views = prepared.views
             result = self.tree(*views, out=out)
             if out is None:
                 result = _in_order(result, self.order, arrays)

@@ -25,12 +25,26 @@ from teir.tree.rewrite import optimize_tree
 
 @dataclass
 class Prepared:
-    """The operands as leaves: a view per operand, its ids (outermost first)."""
+    """The operands as leaves: a view per operand, its ids (outermost first), and where the
+    view is just the operand with its axes permuted, that permutation (None otherwise: a
+    diagonal, a dropped size-1 dimension, a copy)."""
 
     views: list[np.ndarray]
     leaf_ids: list[tuple[int, ...]]
     sizes: list[int]
     output: tuple[int, ...]
+    axes: list[tuple[int, ...] | None]
+
+
+def permuted_views(
+    arrays: Sequence[np.ndarray], axes: Sequence[tuple[int, ...] | None]
+) -> list[np.ndarray] | None:
+    """The leaves' views of operands laid out as those ``prepare`` saw (same shapes and
+    strides), made again as transposes: a call then skips preparing them (microseconds per
+    operand); None where some view is not a transpose."""
+    if any(order is None for order in axes):
+        return None
+    return [array.transpose(order) for array, order in zip(arrays, axes)]
 
 
 def prepare(
@@ -51,7 +65,8 @@ def prepare(
     sizes = [label_size[lab] for lab in ids]
     views: list[np.ndarray] = []
     leaf_ids: list[tuple[int, ...]] = []
-    for op in operands:
+    axes: list[tuple[int, ...] | None] = []
+    for array, op in zip(arrays, operands):
         # a size-1 dimension of a larger label broadcasts: the operand does not vary along it
         kept = [lab for lab in op.labels if op.sizes[lab] == label_size[lab]]
         if orders is None:
@@ -68,7 +83,9 @@ def prepare(
         )
         views.append(view)
         leaf_ids.append(tuple(ids[lab] for lab in kept))
-    return Prepared(views, leaf_ids, sizes, tuple(ids[lab] for lab in parsed.output))
+        plain = op.array is array and len(op.labels) == len(kept) == array.ndim
+        axes.append(tuple(op.labels.index(lab) for lab in kept) if plain else None)
+    return Prepared(views, leaf_ids, sizes, tuple(ids[lab] for lab in parsed.output), axes)
 
 
 def _path(prepared: Prepared, optimize: Any) -> list[tuple[int, ...]]:
@@ -129,8 +146,9 @@ def compile_einsum(
     threads: int,
     accumulate: bool,
     relu: bool,
-) -> tuple[CompiledTree, list[np.ndarray]]:
-    """The compiled tree for these operands and the views it is called with."""
+) -> tuple[CompiledTree, Prepared]:
+    """The compiled tree for these operands, the views it is called with and how to make
+    them again (``Prepared.axes``)."""
     prepared = prepare(parsed, arrays)
     dtype = arrays[0].dtype
     root = build_tree(prepared, _path(prepared, optimize))
@@ -138,7 +156,7 @@ def compile_einsum(
         root = optimize_tree(root, prepared.sizes, dtype, threads)
     strides = [[s // view.itemsize for s in view.strides] for view in prepared.views]
     tree = CompiledTree(root, prepared.sizes, dtype, threads, strides, accumulate, relu)
-    return tree, prepared.views
+    return tree, prepared
 
 
-__all__ = ["Prepared", "build_tree", "compile_einsum", "prepare"]
+__all__ = ["Prepared", "build_tree", "compile_einsum", "permuted_views", "prepare"]
