@@ -149,7 +149,7 @@ def _plan(
     order: str = "K",
 ) -> tuple[Plan, tuple[bool, ...]]:
     """The cached plan for these operands (``fallback=False``: a plan that would need the
-    copying fallback is returned without one, and not cached). ``fresh``: ``out`` stands for
+    copying fallback is returned without one). ``fresh``: ``out`` stands for
     a result allocated for the call, written once (see ``make_plan``'s resident_output).
     ``order``: the layout of a new result (without ``out``), see ``make_plan``."""
     key = _key(subscripts, arrays, out, accumulate, relu, threads, split, fresh, order, fallback)
@@ -175,7 +175,8 @@ def _plan(
         for op, a, labels in zip(inputs, arrays, plan.reductions or [[]] * len(arrays))
     )
     if plan.canonical is not None:
-        if not fallback:
+        if not fallback:  # cached as planned: the key holds fallback
+            _cache(key, (plan, direct, None))
             return plan, direct
 
         def contraction(
@@ -226,12 +227,15 @@ def _plan(
         and not any(plan.reductions)
     ):
         plan.split = plan_split(parsed, [a.shape for a in arrays], plan.dtype.itemsize, threads)
-    call = direct_call(plan, inputs, arrays, out, accumulate, relu)
+    _cache(key, (plan, direct, direct_call(plan, inputs, arrays, out, accumulate, relu)))
+    return plan, direct
+
+
+def _cache(key: tuple[Any, ...], entry: tuple[Plan, tuple[bool, ...], Any]) -> None:
     with _lock:
         if len(_plans) >= PLAN_CACHE_SIZE:
             _plans.pop(next(iter(_plans)))
-        _plans[key] = (plan, direct, call)
-    return plan, direct
+        _plans[key] = entry
 
 
 def _returned(result: np.ndarray, out: Any) -> Any:
