@@ -746,3 +746,22 @@ def test_the_column_loop_inside_k_steps_is_shared(monkeypatch):
     assert loops == [(teir.DimType.K, teir.ExecType.SEQ), (teir.DimType.N, teir.ExecType.SHARED)]
     assert len(teir.compile(config, threads=2).slices) == 2
     _check_transposed_a_gemm(config, m, n, k, threads=2)
+
+
+def test_panel_rows_shrink_at_most_to_half_the_block(monkeypatch):
+    """Rows whose panel over all of K outgrows the panel buffer shrink to a divisor down to
+    half the block; below that the block stays and K is cut into steps instead (FP64
+    ijk,jkl->il 256x64x64x256: rows 16 ran at 55 % of peak, rows 128 in K steps 74-79 %)."""
+    from teir.optimizer import primitive
+    from teir.optimizer.problem import Axis
+
+    monkeypatch.setattr(primitive, "_packs_rows", lambda row, k, itemsize: True)
+    monkeypatch.setattr(primitive, "panel_limit_bytes", lambda: 512 * 1024)
+    row = Axis(teir.DimType.N, 256, (0, 1, 1))
+    k = Axis(teir.DimType.K, 64, (1, 256, 0))
+    # 4096 K steps of 8 bytes: 16 rows fit, far below half of 64
+    assert primitive._panel_rows(row, 64, k, 4096, 8, 8) == 64
+    # 1600 K steps: 40 rows fit, half of 80 (1600^3 FP64: 85 -> 92 % of peak)
+    assert primitive._panel_rows(Axis(teir.DimType.N, 1600, (0, 1, 1)), 80, k, 1600, 8, 8) == 40
+    # a block that fits stays
+    assert primitive._panel_rows(row, 16, k, 4096, 8, 8) == 16
