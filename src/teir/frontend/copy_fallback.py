@@ -4,8 +4,8 @@ result into place if it needed a copy too.
 
 Copying fewer bytes is better, but a layout that merely fits a kernel can still make a poor
 one. So each subset of (in0, in1, result) is planned, the cheapest first, and taken when its
-kernel tiles span at least half of what copying all three gives and fill as many vector
-lanes. A tensor left in place is read (or written) there however far apart its tile rows
+kernel tiles span at least half of what copying all three gives and fill at least half as
+many vector lanes. A tensor left in place is read (or written) there however far apart its tile rows
 lie: copying it costs more than the rows do (see ``choose``).
 
 Large copies are made a chunk at a time along one result label (see ``chunking``): each chunk
@@ -162,7 +162,7 @@ def choose(
     # with in1 copied N-innermost, the result written in place: 24 -> 11 ms).
     # The tensors left in place may have their tile rows far apart (each row a TLB entry
     # and a prefetch stream of the kernel's): copying the larger tensor instead costs more.
-    # Random binary einsums whose choice that changed (2 threads, alternating, same
+    # Random binary einsums whose choice changed (2 threads, alternating, same
     # process), where rows were kept within 64 KiB before: FP32 12 of 150 changed, geometric
     # mean 1.47x faster (fdgh,dhbg->dfb 48x16x50x100x14 2.1 -> 0.74 ms with in1 copied
     # instead of its three times larger in0; gea,fag->ef 3.3x), two slower (0.86x, 0.96x);
