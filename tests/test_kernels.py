@@ -698,6 +698,25 @@ def test_transposed_a_packed_into_the_outer_form(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_both_transposed_pack_a_where_n_exceeds_the_depth(dtype):
+    # A and B stored transposed: A's row blocks are packed (the outer form along M) where N
+    # exceeds K x batch, the steps that repay the mirror form's transposes of C; otherwise
+    # the mirror form runs along N.
+    lanes = HOST.lanes(4 if dtype == "f32" else 8)
+    packed, mirrored = [], []
+    for index, (m, n, k, batch) in enumerate(
+        itertools.product((lanes, 2 * lanes + 3), (16, 40, 160), (1, 3, lanes - 1, 31), (1, 2))
+    ):
+        spec = brgemm_spec(dtype, m, n, k, batch, True, True, index % 2, index % 3)
+        (packed if n > k * batch else mirrored).append(spec)
+    assert packed and mirrored
+    assert all(choose_blocking(s, HOST).form == "outer" for s in packed)
+    assert all(choose_blocking(s, HOST).pack_a for s in packed)
+    assert all(choose_blocking(s, HOST).form == "mirror" for s in mirrored)
+    sweep(packed + mirrored)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("trans_b", "form"), [(False, "dot"), (True, "mirror")])
 def test_transposed_a_too_deep_to_pack_keeps_its_own_form(dtype, trans_b, form):
     # A row block of A over all of a long K outgrows the packing buffer: dot products along K

@@ -213,18 +213,23 @@ def choose_blocking(spec: BrgemmSpec, target: Target, pack_transposed: bool = Tr
     transposed may be packed, see below)."""
     full_lanes = target.lanes(spec.itemsize)
     registers = target.vector_registers
-    # A stored transposed (unit stride on K) with B unit on K: where M fills vectors and
-    # enough column blocks reuse the packing (not a matrix-vector product), A's row blocks
-    # are transposed into the packing buffer and the outer form runs on them; otherwise dot
-    # products along K. Short K packs as well (masked loads; FP32, 2 threads, gc,ac->ag
+    # A stored transposed (unit stride on K): where M fills vectors and enough column blocks
+    # reuse the packing (not a matrix-vector product), A's row blocks are transposed into
+    # the packing buffer and the outer form runs on them; otherwise dot products along K (B
+    # unit on K) or the mirror form (B unit on N: vectors along N, each C block transposed
+    # once per call). Short K packs as well (masked loads; FP32, 2 threads, gc,ac->ag
     # 512 x 2560 x K 14 410 -> 194 us, bgc,bac->bag 64 x 96 x 128 x K 12 477 -> 172 us).
-    # With B stored transposed too, the mirror form (vectors along N) runs instead: packing
-    # A won and lost alike there (gc,ca->ag K 14 394 -> 173 us, db,hfd->fbh 930 -> 318 us;
-    # be,hb->eh 0.75 -> 1.14 ms, eda,cbde->acb 62x54x63x131x9 1.35 -> 2.48 ms).
+    # With B stored transposed, packing (its cost grows with M x K, its gain with N)
+    # against the mirror form (its transposes cost M x N, repaid over K x batch steps) pays
+    # where N exceeds K x batch: gc,ca->ag K 14 383 -> 174 us, ea,ce->ac 1200^2 x 62 669 ->
+    # 538 us; random einsums whose kernels changed, alternating processes: FP32 29 cases
+    # 1.15-1.18x, FP64 19 cases 1.21-1.48x by geometric mean (eaf,hae->fah 1.18 -> 0.07 ms),
+    # slowest 0.85x. Packing at every size lost as often as it won (eda,cbde->acb,
+    # 62x54x63x131x9: 1.35 -> 2.48 ms).
     packs_transposed = (
         pack_transposed
         and spec.trans_a
-        and not spec.trans_b
+        and (not spec.trans_b or spec.n > spec.k * spec.batch)
         and spec.m >= full_lanes
         and spec.n >= PACK_MIN_COLUMNS
     )
