@@ -401,13 +401,11 @@ def _one_or_two(
     if out is not None:
         out_array = out if isinstance(out, np.ndarray) else as_array("out", out)
         _check_writable(out_array)
-    options = (split, fallback, fresh, order)
-    plan, direct = _plan(subscripts, arrays, out_array, accumulate, relu, threads, *options)
+    options = (accumulate, relu, threads, split)
+    plan, direct = _plan(subscripts, arrays, out_array, *options, fallback, fresh, order)
     if plan.canonical is not None and plan.product is None:  # a step that needs copies itself
         fallback = True
-        plan, direct = _plan(
-            subscripts, arrays, out_array, accumulate, relu, threads, split, True, fresh, order
-        )
+        plan, direct = _plan(subscripts, arrays, out_array, *options, fallback, fresh, order)
     dtype = plan.dtype
     if out_array is not None:
         out_array = _check_out(out_array, plan.out_shape, dtype)

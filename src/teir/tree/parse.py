@@ -175,15 +175,8 @@ def check_sizes(node: Node, sizes: object) -> tuple[int, ...]:
         return _mapped_sizes(node, sizes)
     if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
         raise TreeError(f"sizes must be a sequence of integers (one per id), got {sizes!r}")
-    values = []
-    for index, size in enumerate(sizes):
-        if isinstance(size, bool) or not hasattr(size, "__index__"):
-            raise TreeError(f"sizes[{index}] = {size!r} is not an integer")
-        if size.__index__() < 1:
-            raise TreeError(f"sizes[{index}] = {size} must be at least 1 (the size of id {index})")
-        values.append(size.__index__())
-    used = sorted({i for n in _all(node) for i in n.ids})
-    missing = [i for i in used if i >= len(values)]
+    values = [_size(index, size) for index, size in enumerate(sizes)]
+    missing = [i for i in _used_ids(node) if i >= len(values)]
     if missing:
         raise TreeError(
             f"the tree uses ids {missing} but only {len(values)} sizes were given (ids 0.."
@@ -198,17 +191,27 @@ def _mapped_sizes(node: Node, sizes: Mapping[object, object]) -> tuple[int, ...]
     for key, size in sizes.items():
         if isinstance(key, bool) or not hasattr(key, "__index__") or key.__index__() < 0:
             raise TreeError(f"sizes has the key {key!r}: ids are integers from 0")
-        if isinstance(size, bool) or not hasattr(size, "__index__"):
-            raise TreeError(f"sizes[{key!r}] = {size!r} is not an integer")
-        if size.__index__() < 1:
-            raise TreeError(f"sizes[{key!r}] = {size} must be at least 1 (the size of id {key})")
-        found[key.__index__()] = size.__index__()
-    used = sorted({i for n in _all(node) for i in n.ids})
+        found[key.__index__()] = _size(key, size)
+    used = _used_ids(node)
     missing = [i for i in used if i not in found]
     if missing:
         raise TreeError(f"the tree uses ids {missing}, which sizes does not give; add them")
     count = max([*found, *used], default=-1) + 1
     return tuple(found.get(i, 1) for i in range(count))
+
+
+def _size(key: object, size: object) -> int:
+    """``sizes[key]`` as an int of at least 1."""
+    if isinstance(size, bool) or not hasattr(size, "__index__"):
+        raise TreeError(f"sizes[{key!r}] = {size!r} is not an integer")
+    value: int = size.__index__()
+    if value < 1:
+        raise TreeError(f"sizes[{key!r}] = {size} must be at least 1 (the size of id {key})")
+    return value
+
+
+def _used_ids(node: Node) -> list[int]:
+    return sorted({i for n in _all(node) for i in n.ids})
 
 
 def _all(node: Node) -> list[Node]:
