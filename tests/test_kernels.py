@@ -779,9 +779,10 @@ def test_streamed_c_from_packed_a_at_every_alignment(dtype, trans_a):
     lanes = HOST.lanes(4 if dtype == "f32" else 8)
     itemsize = 4 if dtype == "f32" else 8
     specs: list[BrgemmSpec] = []
-    # untransposed A packed by row blocks only when the whole tile would not fit the buffer
+    # A is packed by row blocks under a streamed C only when the whole tile would not fit
+    # the buffer
     cases = (
-        ((5 * lanes, 17, 2 * lanes + 3, 1), (6 * lanes + 5, 33, lanes, 2))
+        ((5 * lanes, 17, 400 + 3, 1), (6 * lanes + 5, 33, 400, 2))
         if trans_a
         else ((4 * lanes + 5, 20, 420, 1), (6 * lanes, 24, 400, 2))
     )
@@ -794,6 +795,26 @@ def test_streamed_c_from_packed_a_at_every_alignment(dtype, trans_a):
         # C 16 bytes or more past a boundary gets a shifted sweep of its own
         emitter = _Emitter(spec, blocking, Module(), "kernel", "", "")
         assert emitter.c_shifts() == list(range(16 // itemsize, lanes, 16 // itemsize))
+        specs.append(spec)
+    _run_at_every_shift(specs, lanes)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_unaligned_streamed_c_packs_a_whole(dtype):
+    """A tile of an output beyond the caches whose columns are not vector-aligned (so stored
+    normally) and many (more than the prefetchers follow) packs all of A's rows at once, A
+    stored transposed too, and sweeps column blocks outside: right at every alignment of C,
+    with more row blocks than one unrolled pass packs and a partial last one."""
+    lanes = HOST.lanes(4 if dtype == "f32" else 8)
+    specs = []
+    for m, n, k, batch, trans_a in (
+        (60 * lanes + 3, 40, 5, 2, False),
+        (30 * lanes + 5, 41, 9, 2, True),
+    ):
+        lda = k if trans_a else m
+        spec = _streamed_c(dtype, m, n, k, batch, trans_a, lda, -(-m // lanes) * lanes + 3)
+        blocking = choose_blocking(spec, HOST)
+        assert blocking.pack_a and blocking.pack_whole and blocking.chunk == batch, spec
         specs.append(spec)
     _run_at_every_shift(specs, lanes)
 

@@ -208,6 +208,20 @@ def b_steps_far_apart(spec: BrgemmSpec) -> bool:
     )
 
 
+# A tile of an output beyond the caches whose columns are not vector-aligned (stored normally,
+# not around the caches) with more columns than this is swept column block by column block,
+# A packed whole: a sweep row block by row block writes a run into every column in turn, more
+# streams than the hardware prefetchers follow, and each store waits for its line (FP64
+# km,kn->mn 3000 x 2796 x 16 into an out: 4.2 -> 2.1 ms, the same with N 2800, aligned, 1.7;
+# mk,nk->mn 6.8 -> 2.1 ms; FP32 N 5593 4.4 -> 2.1 ms). Aligned, streamed columns lose instead
+# (FP32 mk,nk->mn 4096^2 x 32 3.1 -> 3.7 ms), and so do a few columns (FP32 N 19: 2.2 -> 2.8).
+UNALIGNED_COLUMN_STREAMS = 32
+
+
+def _stores_many_unaligned_columns(spec: BrgemmSpec, lanes: int) -> bool:
+    return spec.stream_c and spec.n > UNALIGNED_COLUMN_STREAMS and spec.ldc % lanes != 0
+
+
 def choose_blocking(spec: BrgemmSpec, target: Target, pack_transposed: bool = True) -> Blocking:
     """The register block for ``spec`` on ``target`` (``pack_transposed``: an A stored
     transposed may be packed, see below)."""
@@ -311,9 +325,11 @@ def choose_blocking(spec: BrgemmSpec, target: Target, pack_transposed: bool = Tr
         whole = packed * blocks
         if (
             far_apart
-            and not packs_transposed
             and whole <= PACK_BUFFER_BYTES
-            and blocks * vectors <= PACK_WHOLE_VECTORS
+            and (
+                (_stores_many_unaligned_columns(spec, lanes) and whole * chunk <= PACK_BUFFER_BYTES)
+                or (not packs_transposed and blocks * vectors <= PACK_WHOLE_VECTORS)
+            )
         ):
             packed, pack_whole = whole, True
         if far_apart and packed <= PACK_BUFFER_BYTES:
@@ -712,7 +728,10 @@ class _Emitter:
 
         def whole_sweep(shift: int) -> None:
             # A's rows (from -shift, shifted) packed at once, then column blocks outside
-            whole = self.pack_rows(a, rows_total + shift, batch, -shift, shift)
+            if spec.trans_a:
+                whole = self.pack_transposed_rows(a, rows_total + shift, batch, -shift, shift)
+            else:
+                whole = self.pack_rows(a, rows_total + shift, batch, -shift, shift)
             seam = seam_of(shift)
 
             def packed_col_block(c0: str | int, cols: int) -> None:
@@ -913,9 +932,44 @@ class _Emitter:
         f.loop(batch, [], element, "pb")
         return buffer
 
-    def pack_transposed(self, a: str, r0: str | int, rows: int, batch: int, head: int = 0) -> None:
+    def pack_transposed_rows(self, a: str, rows: int, batch: int, r0: int, head: int) -> str:
+        """:meth:`pack_rows` for an A stored transposed: row block after row block, each
+        packed by :meth:`pack_transposed` (the first with the ``head`` rows before the tile,
+        the full ones after it in a loop, a partial last one on its own)."""
+        spec, blk, f = self.spec, self.b, self.f
+        padded = blk.vectors * blk.lanes
+        block_elements = batch * spec.k * padded
+        buffer = self.allocate_buffer()
+        first = min(padded, rows)
+        self.pack_transposed(a, r0, first, batch, head)
+        full, tail = divmod(rows - first, padded)
+
+        def body(index: str, _: list[str]) -> list[str]:
+            block = f.add_i64(index, 1)
+            start = f.add_i64(r0, f.mul_i64(block, padded))
+            self.pack_transposed(a, start, padded, batch, 0, f.mul_i64(block, block_elements))
+            return []
+
+        if full:
+            f.loop(full, [], body, "pr")
+        if tail:
+            block = 1 + full
+            start = f.add_i64(r0, block * padded)
+            self.pack_transposed(a, start, tail, batch, 0, block * block_elements)
+        return buffer
+
+    def pack_transposed(
+        self,
+        a: str,
+        r0: str | int,
+        rows: int,
+        batch: int,
+        head: int = 0,
+        offset: str | int = 0,
+    ) -> None:
         """The packing of :meth:`pack` from an A stored transposed (A[m, k] at m * lda + k):
-        lanes x lanes blocks go through registers and are transposed there."""
+        lanes x lanes blocks go through registers and are transposed there, into the buffer
+        from ``offset`` elements."""
         spec, blk, f = self.spec, self.b, self.f
         lanes, padded = blk.lanes, blk.vectors * blk.lanes
         full_chunks, tail = divmod(spec.k, lanes)
@@ -943,7 +997,8 @@ class _Emitter:
 
         def element(index: str, _: list[str]) -> list[str]:
             source = f.gep(self.t, a, f.mul_i64(index, spec.stride_a))
-            target = f.gep(self.t, self.allocate_buffer(), f.mul_i64(index, spec.k * padded))
+            buffer = f.gep(self.t, self.allocate_buffer(), offset)
+            target = f.gep(self.t, buffer, f.mul_i64(index, spec.k * padded))
             if full_chunks:
 
                 def body(c: str, _: list[str]) -> list[str]:
