@@ -779,10 +779,9 @@ def test_streamed_c_from_packed_a_at_every_alignment(dtype, trans_a):
     lanes = HOST.lanes(4 if dtype == "f32" else 8)
     itemsize = 4 if dtype == "f32" else 8
     specs: list[BrgemmSpec] = []
-    # A is packed by row blocks under a streamed C only when the whole tile would not fit
-    # the buffer
+    # untransposed A packed by row blocks only when the whole tile would not fit the buffer
     cases = (
-        ((5 * lanes, 17, 400 + 3, 1), (6 * lanes + 5, 33, 400, 2))
+        ((5 * lanes, 17, 2 * lanes + 3, 1), (6 * lanes + 5, 33, lanes, 2))
         if trans_a
         else ((4 * lanes + 5, 20, 420, 1), (6 * lanes, 24, 400, 2))
     )
