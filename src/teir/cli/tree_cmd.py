@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from math import prod
 from typing import Any
 
 from teir.buffers import check_memory
@@ -92,8 +93,6 @@ def _check_fits(tree: Any, compiled: Any, itemsize: int) -> None:
     """A clear error, before the leaves are allocated, where the leaves, the result (with
     --bench's out) and NumPy's FP64 check of them (its intermediates about as large as the
     compiled tree's) would not fit this machine's memory."""
-    from math import prod
-
     leaves = sum(prod(shape) for shape in tree.leaf_shapes)
     result = prod(tree.out_shape)
     needed = (leaves + result) * (itemsize + 8) + result * itemsize

@@ -218,8 +218,14 @@ def b_steps_far_apart(spec: BrgemmSpec) -> bool:
 UNALIGNED_COLUMN_STREAMS = 32
 
 
+def columns_aligned(spec: BrgemmSpec, lanes: int) -> bool:
+    """Whether every column of C starts on a vector boundary of ``lanes`` when its first one
+    does (only then can C's vectors go around the caches)."""
+    return spec.ldc % lanes == 0
+
+
 def _stores_many_unaligned_columns(spec: BrgemmSpec, lanes: int) -> bool:
-    return spec.stream_c and spec.n > UNALIGNED_COLUMN_STREAMS and spec.ldc % lanes != 0
+    return spec.stream_c and spec.n > UNALIGNED_COLUMN_STREAMS and not columns_aligned(spec, lanes)
 
 
 def choose_blocking(spec: BrgemmSpec, target: Target, pack_transposed: bool = True) -> Blocking:
@@ -1221,14 +1227,13 @@ class _Emitter:
         (overwritten in one pass over the batch), and every register block's vectors aligned
         when C is (register blocks start at multiples of the vector width)."""
         spec, blk = self.spec, self.b
-        vector_bytes = blk.lanes * spec.itemsize
         return (
             spec.stream_c
             and spec.beta == 0
             and blk.chunk == spec.batch
             and not blk.k_piece
             and blk.form == "outer"
-            and (spec.ldc * spec.itemsize) % vector_bytes == 0
+            and columns_aligned(spec, blk.lanes)
         )
 
     def c_shifts(self) -> list[int]:
