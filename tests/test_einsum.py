@@ -926,12 +926,40 @@ def test_matrix_vector_products_with_short_rows_cut_k_instead(dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_reductions_whose_output_tiles_split_unevenly_are_shared_instead(dtype):
+    """A small output of 7 tiles along e leaves one of two threads idle a quarter of the
+    time; the summed labels are long, so the outermost one (a) is cut between the threads
+    instead. With 8 tiles (an even share), or on one thread, the plan stays as it is. The
+    results equal NumPy's exactly (small integers), into new arrays and with accumulate."""
+    rng = np.random.default_rng(6)
+
+    def operands(e: int) -> list[np.ndarray]:
+        return [
+            rng.integers(-4, 5, shape).astype(dtype)
+            for shape in ((40, 50, 64), (40, e, 50, 40))
+        ]
+
+    arrays = operands(7)
+    plan = teir.einsum_plan("agh,aegd->ehd", *arrays, threads=2)
+    assert plan.split is not None and plan.split.label == "a"
+    assert "threads idle in uneven shares" in plan.explain()
+    expected = np.einsum("agh,aegd->ehd", *[a.astype(np.int64) for a in arrays])
+    np.testing.assert_array_equal(teir.einsum("agh,aegd->ehd", *arrays, threads=2), expected)
+    out = np.ones(expected.shape, dtype)
+    teir.einsum("agh,aegd->ehd", *arrays, out=out, accumulate=True, threads=2)
+    np.testing.assert_array_equal(out, expected + 1)
+    assert teir.einsum_plan("agh,aegd->ehd", *arrays, threads=1).split is None
+    assert teir.einsum_plan("agh,aegd->ehd", *operands(8), threads=2).split is None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize(
     "subscripts, shapes, threads, rest",
     [
         ("i,i->", [(140_001,), (140_001,)], 2, 1),
         ("i,i->", [(140_003,), (140_003,)], 3, 2),
-        # cut along j: a part runs as dot products along the unit stride j, though i is longer
+        # cut along i, the outer label: each part is one contiguous run (its i and j fused)
+        # of dot products, where a cut along the unit stride j would halve every row
         ("ij,ij->", [(301, 599), (301, 599)], 2, 1),
         ("k,kj->j", [(4099,), (4099, 1031)], 2, 1),
     ],
@@ -955,10 +983,11 @@ def test_reductions_with_no_label_dividing_between_threads_leave_a_rest(
     out = np.array(start)
     teir.einsum(subscripts, *arrays, out=out, accumulate=True, relu=True, threads=threads)
     np.testing.assert_array_equal(out, np.maximum(expected + start, 0))
-    if subscripts == "ij,ij->":  # the parts' kernels run along j
+    if subscripts == "ij,ij->":  # the parts' kernels run along whole rows
+        assert plan.split.label == "i"
         views = split_views(plan.split, plan.subscripts, arrays)
         part = teir.einsum_plan(plan.split.subscripts, *views, threads=threads).explain()
-        assert "(of 299)" in part and "dot form" in part
+        assert "fused K150*599" in part and "dot form" in part
 
 
 def test_fallback_result_is_resident_only_when_it_is_the_callers_out(monkeypatch):

@@ -40,7 +40,13 @@ from teir.frontend.einsum_plan import (
 )
 from teir.frontend.fallback_call import FallbackCall, RecordedStep, fallback_call
 from teir.frontend.result_layout import check_order, fortran_ordered
-from teir.frontend.split_reduction import plan_split, rest_views, short_rows, split_views
+from teir.frontend.split_reduction import (
+    plan_split,
+    rest_views,
+    short_rows,
+    split_views,
+    unbalanced,
+)
 from teir.kernels.arrays import data_address
 from teir.runtime.arguments import as_array
 from teir.runtime.pool import default_threads
@@ -222,11 +228,11 @@ def _plan(
     one_thread = bool(plan.regions) and all(len(r.operation.slices) == 1 for r in plan.regions)
     if (
         split
-        and (one_thread or short_rows(plan, threads))
+        and (one_thread or short_rows(plan, threads) or unbalanced(plan, threads))
         and plan.canonical is None
         and not any(plan.reductions)
     ):
-        plan.split = plan_split(parsed, [a.shape for a in arrays], plan.dtype.itemsize, threads)
+        plan.split = plan_split(parsed, arrays, threads)
     _cache(key, (plan, direct, direct_call(plan, inputs, arrays, out, accumulate, relu)))
     return plan, direct
 

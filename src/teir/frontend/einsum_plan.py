@@ -230,8 +230,8 @@ class Plan:
             lines.append(f"# {why}: " + "; ".join(moves) + " (innermost last)")
         if self.split is not None:
             lines.append(
-                f"# instead of the operation below (one thread, or threads sharing short rows "
-                f"of a matrix), {self.split.label!r} is "
+                "# instead of the operation below (one thread, threads sharing short rows "
+                f"of a matrix, or threads idle in uneven shares), {self.split.label!r} is "
                 f"cut into {self.split.parts} parts, one per thread, as "
                 f"{self.split.subscripts} into a temporary, and the parts are summed"
                 + (

@@ -23,7 +23,7 @@ from teir.codegen.brgemm import choose_blocking
 from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target
 from teir.frontend.einsum_parse import LETTERS, Subscripts
-from teir.ir import DimType
+from teir.ir import DimType, Tensor
 
 # Below this much work the temporary and the final sum cost more than a thread saves.
 SPLIT_MIN_BYTES = 1 << 20
@@ -72,32 +72,79 @@ def short_rows(plan: Any, threads: int) -> bool:
     return matrix >= SHORT_ROWS_MIN_BYTES and run < SHORT_ROWS_RUN_BYTES
 
 
+def unbalanced(plan: Any, threads: int) -> bool:
+    """Whether the plan's threads share its parallel loops so unevenly that at least
+    ``SPLIT_IDLE`` of their time goes idle (7 output tiles on 2 threads: 4 and 3), while its
+    result is small beside its operands, so that a partial result per thread and their sum
+    cost little (``SPLIT_RESULT_PART``), and it works long enough for the idle time to outweigh
+    the split's own cost (``SPLIT_IDLE_SECONDS`` on one core, as the operation estimates
+    it), with at least one FLOP per byte it reads (where memory bounds it, the threads wait
+    on memory alike)."""
+    if threads < 2 or not plan.regions or plan.operation is None:
+        return False
+    operation = plan.regions[0].operation  # the main region (a thin rest may follow)
+    if len(operation.slices) < 2:
+        return False  # too little work to share at all
+    size = operation.nest.parallel_size
+    longest = max(hi - lo for lo, hi in operation.slices)
+    idle = 1 - size / (threads * longest)
+    config = operation.config
+    inputs = config.extent(Tensor.IN0) + config.extent(Tensor.IN1)
+    return (
+        idle >= SPLIT_IDLE
+        and threads * prod(plan.out_shape) * SPLIT_RESULT_PART <= inputs
+        and operation.estimated_seconds >= SPLIT_IDLE_SECONDS
+        and config.flops >= inputs * config.dtype.itemsize
+    )
+
+
+# A reduction is shared where threads would idle this much of the time in their parallel
+# loops, a result per thread is at most this part of the operands' elements, and the
+# operation is estimated to take this long on one core. Random binary einsums of small
+# results that this cuts (2 threads, alternating): FP32 agh,aegd->ehd (h 64, d 40, a 100,
+# e 7, g 100; 7 tiles) 2.15 -> 1.80 ms, 8 more 1.0-1.5x; FP64 gbef,ebag->af 4.4 -> 1.6 ms,
+# cgb,cdg->bd 2.8 -> 1.4 ms, hcfb,chef->eb 0.69 -> 0.42 ms, 3 more 1.2-1.5x, dbfe,bae->fda
+# 0.39 -> 0.41-0.45. Left out: FP32 adh,dhec->cea (0.7 ms estimated, 0.14 -> 0.16 ms
+# measured: the temporary and the sum cost more than the idle thread), FP64
+# defch,cgefd->chg (0.6 FLOP per byte: 60 -> 77 ms).
+SPLIT_IDLE = 0.1
+SPLIT_RESULT_PART = 8
+SPLIT_IDLE_SECONDS = 1e-3
+
+
 def plan_split(
-    subscripts: Subscripts, shapes: list[tuple[int, ...]], itemsize: int, threads: int
+    subscripts: Subscripts, arrays: list[np.ndarray], threads: int
 ) -> SplitReduction | None:
-    """The split for a binary einsum whose compiled plan runs on one thread, or None when
+    """The split for a binary einsum whose compiled plan leaves threads idle, or None when
     no K label divides between ``threads`` or the work is too small to share."""
-    if threads < 2 or len(shapes) != 2:
+    if threads < 2 or len(arrays) != 2:
         return None
     sizes: dict[str, int] = {}
-    for labels, shape in zip(subscripts.inputs, shapes):
+    nearest: dict[str, int] = {}  # each label's smaller stride of the two operands
+    for labels, array in zip(subscripts.inputs, arrays):
         if len(set(labels)) != len(labels):
             return None  # a diagonal: left to the plan as it is
-        for label, size in zip(labels, shape):
+        for label, size, stride in zip(labels, array.shape, array.strides):
             if sizes.setdefault(label, size) != size:
                 return None  # a broadcast dimension
-    elements = sum(prod(shape) for shape in shapes)
-    if elements * itemsize < SPLIT_MIN_BYTES:
+            nearest[label] = min(nearest.get(label, abs(stride)), abs(stride))
+    if sum(array.nbytes for array in arrays) < SPLIT_MIN_BYTES:
         return None
     first, second = subscripts.inputs
     reduced = [label for label in first if label in second and label not in subscripts.output]
     if not reduced:
         return None
-    # a label that divides between the threads first, then the longest; an odd one leaves
+    # a label that divides between the threads first, then one long enough to cut, then the
+    # outermost (whose parts leave the runs along the unit strides whole); an odd one leaves
     # its last indices out of the cut (FP64 on 2 threads, k,kj->j 4099 x 1031: 680-816 ->
     # 417-640 us; i,i-> 2000003: 568-605 -> 228-325 us; ij,ij-> 1001 x 1999: 564-626 ->
-    # 354-573 us)
-    label = max(reduced, key=lambda name: (sizes[name] % threads == 0, sizes[name]))
+    # 354-573 us). Cutting h of dbh,fedh->fbe (d 200, h 300 along both unit strides) into
+    # runs of 150: FP32 2.9 ms, against 1.9 uncut; cutting d: 1.X ms.
+    least = SPLIT_LEAST_PARTS * threads
+    label = max(
+        reduced,
+        key=lambda name: (sizes[name] % threads == 0, sizes[name] >= least, nearest[name]),
+    )
     if sizes[label] < SPLIT_LEAST_PARTS * threads:
         return None
     used = set(first) | set(second) | set(subscripts.output)
