@@ -90,7 +90,7 @@ def unbalanced(plan: Any, threads: int) -> bool:
     idle = 1 - size / (threads * longest)
     config = operation.config
     inputs = config.extent(Tensor.IN0) + config.extent(Tensor.IN1)
-    return (
+    return bool(
         idle >= SPLIT_IDLE
         and threads * prod(plan.out_shape) * SPLIT_RESULT_PART <= inputs
         and operation.estimated_seconds >= SPLIT_IDLE_SECONDS
