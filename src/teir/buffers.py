@@ -118,8 +118,10 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     vectors there, and only aligned vectors can bypass the caches (NumPy aligns to 16)."""
     dtype = np.dtype(dtype)
     count = prod(shape)  # math.prod: np.prod of a tuple costs microseconds on every call
+    # A clear error, not NumPy's; check_memory's own test is made here first so that its
+    # message is formatted only when it is raised (every new result passes here).
     available = memory_bytes()
-    if available is not None and count * dtype.itemsize > available:  # a clear error, not NumPy's
+    if available is not None and count * dtype.itemsize > available:
         check_memory(
             count * dtype.itemsize,
             f"a new array of shape {tuple(shape)} ({dtype}) needs {{size}}",

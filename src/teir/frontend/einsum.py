@@ -421,18 +421,7 @@ def _one_or_two(
     if plan.canonical is not None:
         replay = _through_canonical(plan, arrays, out_array, result, threads, accumulate, relu)
         if replay is not None:
-            key = _key(
-                subscripts,
-                arrays,
-                out_array,
-                accumulate,
-                relu,
-                threads,
-                split,
-                fresh,
-                order,
-                fallback,
-            )
+            key = _key(subscripts, arrays, out_array, *options, fresh, order, fallback)
             with _lock:
                 if key in _plans and _plans[key][0] is plan:
                     _plans[key] = (plan, direct, replay)
