@@ -13,7 +13,7 @@ is copied, contracted and copied back while it is in the caches.
 
 The same copies serve compute-bound einsums whose kernel fits the operands as they lie but is
 not the plain outer-product one (``einsum_plan.relayout_pays``): copied once, within the
-scratch buffer, they give that kernel.
+scratch buffer, they give that kernel, or one nearer to it (``einsum_plan.relaid``).
 
 The planner and the runner are passed in (``einsum``'s), so this module never calls up.
 """
@@ -33,7 +33,7 @@ from teir.frontend.einsum_plan import (
     canonical_orders,
     label_sizes,
     placeholder,
-    plain_outer,
+    relaid,
     runs_kernels,
     vector_fill,
 )
@@ -115,6 +115,26 @@ def copied_bytes(plan: Plan, inputs: list[Operand], orders: Orders) -> int:
     return elements * plan.dtype.itemsize
 
 
+# Copies made for another kernel are paid for by this many FLOPs per element copied (the
+# contraction's RELAYOUT_FLOPS_PER_ELEMENT per input element decides that they are
+# considered at all). A result copied for the plain outer-product kernel pays at 112-128
+# FLOPs per element (FP32 gc,ca->ag 3200 x 400 x 56: 1.07 -> 0.80 ms, ea,be->ab alike);
+# at 24 it costs more than the kernel gains (FP32 fhg,hda->fadg, K 12, its 15.5 MB result
+# copied: 0.88 -> 1.15 ms).
+RELAYOUT_FLOPS_PER_COPIED = 64
+
+
+def relayout_affordable(plan: Plan, inputs: list[Operand], orders: Orders) -> bool:
+    """Whether the copies ``orders`` makes for another kernel (``relayout`` in ``choose``) fit
+    the scratch buffer and are paid for: the contraction does at least
+    ``RELAYOUT_FLOPS_PER_COPIED`` FLOPs per element copied, the result's included."""
+    assert plan.operation is not None
+    copied = copied_bytes(plan, inputs, orders)
+    elements = copied // plan.dtype.itemsize
+    flops = plan.operation.config.flops
+    return copied <= SCRATCH_LIMIT_BYTES and flops >= RELAYOUT_FLOPS_PER_COPIED * elements
+
+
 def choose(
     plan: Plan,
     inputs: list[Operand],
@@ -124,8 +144,11 @@ def choose(
     copy_result: bool = True,
 ) -> tuple[Orders, Plan]:
     """Which tensors to copy (``plan.canonical`` holds the orders of copying all three), and
-    the plan of the contraction that then runs. ``relayout``: the copies are for the plain
-    outer-product kernel (``einsum_plan.relayout_pays``), within the scratch buffer.
+    the plan of the contraction that then runs. ``relayout``: the copies are for an
+    outer-product kernel on plain layouts closer to the plain one than ``plan``'s
+    (``einsum_plan.relayout_pays``, ``relaid``), within the scratch buffer; ``plan_step``
+    then plans the steps as they lie (a step that would ask for copies of its own is no
+    candidate otherwise).
     ``copy_result``: copies of the result may be chosen; without, only those of inputs are
     tried (and failing them, all three)."""
     assert plan.canonical is not None
@@ -185,9 +208,11 @@ def choose(
             product = contraction(orders)
             if relayout:
                 # the tensors left in place are read as the plan's kernel reads them
-                if copied_bytes(plan, inputs, orders) > SCRATCH_LIMIT_BYTES:
+                if not relayout_affordable(plan, inputs, orders):
                     continue
-                if product is None or not fits(product) or not plain_outer(product):
+                if product is None or not fits(product):
+                    continue
+                if not relaid(plan, product):
                     continue
             elif product is None or not fits(product):
                 continue

@@ -31,7 +31,7 @@ from teir.frontend.einsum_plan import (
     make_plan,
     operand,
     placeholder,
-    plain_outer,
+    relaid,
     relayout_pays,
     runs_kernels,
     short_depth,
@@ -50,7 +50,7 @@ from teir.frontend.split_reduction import (
 from teir.kernels.arrays import data_address
 from teir.runtime.arguments import as_array
 from teir.runtime.pool import default_threads
-from teir.runtime.scratch import SCRATCH_LIMIT_BYTES, scratch
+from teir.runtime.scratch import scratch
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 PLAN_CACHE_SIZE = 4096
@@ -121,6 +121,7 @@ def _key(
     fresh: bool = False,
     order: str = "K",
     fallback: bool = True,
+    relayout: bool = True,
 ) -> tuple[Any, ...]:
     first, last = arrays[0], arrays[-1]
     if len(arrays) <= 2:  # spelled out: every call of the direct path builds this key
@@ -139,6 +140,7 @@ def _key(
         split,
         fresh,
         fallback,
+        relayout,
     )
 
 
@@ -153,12 +155,17 @@ def _plan(
     fallback: bool = True,
     fresh: bool = False,
     order: str = "K",
+    relayout: bool = True,
 ) -> tuple[Plan, tuple[bool, ...]]:
     """The cached plan for these operands (``fallback=False``: a plan that would need the
     copying fallback is returned without one). ``fresh``: ``out`` stands for
     a result allocated for the call, written once (see ``make_plan``'s resident_output).
-    ``order``: the layout of a new result (without ``out``), see ``make_plan``."""
-    key = _key(subscripts, arrays, out, accumulate, relu, threads, split, fresh, order, fallback)
+    ``order``: the layout of a new result (without ``out``), see ``make_plan``.
+    ``relayout=False``: no copies for another kernel than the one that fits as the operands
+    lie (the steps of copies made for that, see ``copy_fallback.choose``)."""
+    key = _key(
+        subscripts, arrays, out, accumulate, relu, threads, split, fresh, order, fallback, relayout
+    )
     found = _plans.get(key)
     if found is not None:
         return found[0], found[1]
@@ -171,6 +178,7 @@ def _plan(
         accumulate,
         relu,
         threads,
+        relayout,
         resident_output=resident,
         order=order,
         memory_bound_copies=fallback,
@@ -185,6 +193,8 @@ def _plan(
             _cache(key, (plan, direct, None))
             return plan, direct
 
+        relaying = relayout and relayout_pays(plan, inputs)
+
         def contraction(
             subscripts: str, operands: list[np.ndarray], target: np.ndarray, last: bool
         ) -> Plan:
@@ -193,22 +203,28 @@ def _plan(
             # allocated for each call
             fresh = last and out is None
             return _plan(
-                subscripts, operands, target, *options, threads, fallback=False, fresh=fresh
+                subscripts,
+                operands,
+                target,
+                *options,
+                threads,
+                fallback=False,
+                fresh=fresh,
+                relayout=not relaying,
             )[0]
 
-        relayout = relayout_pays(plan, inputs)
         # A memory-bound contraction that runs kernels as it lies is not worth its result
         # copied (random memory-bound einsums, K of 2-8: with the result's copies allowed,
         # cdebh,ehdbf->hfdbc 0.43 -> 1.05 ms, fd,gahf->ahdg 0.07 -> 0.21 ms).
         copy_result = not runs_kernels(plan) or compute_bound(plan, inputs)
         plan.canonical, plan.product = copy_fallback.choose(
-            plan, inputs, out, contraction, relayout, copy_result
+            plan, inputs, out, contraction, relaying, copy_result
         )
         # A plan that runs kernels as the operands lie, filling few vector lanes or summing
         # short runs of K: the copies pay only when their kernel fills at least twice as
         # many lanes, or sums several times as many steps with as many lanes; one running
-        # another kernel than the plain outer-product one, when they give that kernel
-        # within the scratch buffer's size.
+        # another kernel than the plain outer-product one, when they give that kernel (or
+        # one nearer to it: ``relaid``) within the scratch buffer's size.
         if runs_kernels(plan):
             product, orders = plan.product, plan.canonical
             assert product is not None and orders is not None
@@ -218,13 +234,16 @@ def _plan(
                 and kernel_depth(product) >= SHORT_DEPTH_GAIN * kernel_depth(plan)
                 and vector_fill(product) >= vector_fill(plan)
             )
-            relaid = (
-                relayout
-                and plain_outer(product)
-                and copy_fallback.copied_bytes(plan, inputs, orders) <= SCRATCH_LIMIT_BYTES
+            relaying_pays = (
+                relaying
+                and relaid(plan, product)
+                and copy_fallback.relayout_affordable(plan, inputs, orders)
             )
-            if not (fuller or deeper or relaid) or (not copy_result and orders[2] is not None):
+            if not (fuller or deeper or relaying_pays) or (
+                not copy_result and orders[2] is not None
+            ):
                 plan.canonical, plan.product = None, None
+        plan.steps_as_they_lie = relaying and plan.canonical is not None
     one_thread = bool(plan.regions) and all(len(r.operation.slices) == 1 for r in plan.regions)
     if (
         split
@@ -398,20 +417,23 @@ def _one_or_two(
     fresh: bool = False,
     order: str = "K",
     fallback: bool = True,
+    relayout: bool = True,
 ) -> Any:
     """:func:`einsum` of one or two operands (``split=False``: never share a reduction;
     ``fresh``: ``out`` is a result allocated for this call, see :func:`_plan`; ``order``:
-    the layout of a new result; ``fallback=False``: planned as the copying fallback plans
-    its steps, see :func:`_plan`)."""
+    the layout of a new result; ``fallback=False``, ``relayout``: planned as the copying
+    fallback plans its steps, see :func:`_plan`)."""
     out_array = None
     if out is not None:
         out_array = out if isinstance(out, np.ndarray) else as_array("out", out)
         _check_writable(out_array)
     options = (accumulate, relu, threads, split)
-    plan, direct = _plan(subscripts, arrays, out_array, *options, fallback, fresh, order)
+    plan, direct = _plan(subscripts, arrays, out_array, *options, fallback, fresh, order, relayout)
     if plan.canonical is not None and plan.product is None:  # a step that needs copies itself
         fallback = True
-        plan, direct = _plan(subscripts, arrays, out_array, *options, fallback, fresh, order)
+        plan, direct = _plan(
+            subscripts, arrays, out_array, *options, fallback, fresh, order, relayout
+        )
     dtype = plan.dtype
     if out_array is not None:
         out_array = _check_out(out_array, plan.out_shape, dtype)
@@ -421,7 +443,7 @@ def _one_or_two(
     if plan.canonical is not None:
         replay = _through_canonical(plan, arrays, out_array, result, threads, accumulate, relu)
         if replay is not None:
-            key = _key(subscripts, arrays, out_array, *options, fresh, order, fallback)
+            key = _key(subscripts, arrays, out_array, *options, fresh, order, fallback, relayout)
             with _lock:
                 if key in _plans and _plans[key][0] is plan:
                     _plans[key] = (plan, direct, replay)
@@ -505,9 +527,28 @@ def _through_canonical(
         options = (accumulate and last, relu and last)
         # planned as choose() planned it: the result, without an out, is new at every call
         fresh = last and out is None
-        _one_or_two(subscripts, operands, target, threads, *options, fresh=fresh, fallback=False)
+        relayout = not plan.steps_as_they_lie
+        _one_or_two(
+            subscripts,
+            operands,
+            target,
+            threads,
+            *options,
+            fresh=fresh,
+            fallback=False,
+            relayout=relayout,
+        )
         if record:
-            key = _key(subscripts, operands, target, *options, threads, fresh=fresh, fallback=False)
+            key = _key(
+                subscripts,
+                operands,
+                target,
+                *options,
+                threads,
+                fresh=fresh,
+                fallback=False,
+                relayout=relayout,
+            )
             found = _plans.get(key)
             call = found[2] if found is not None else None
             call = call if isinstance(call, DirectCall) else None
