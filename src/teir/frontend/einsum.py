@@ -527,28 +527,15 @@ def _through_canonical(
         options = (accumulate and last, relu and last)
         # planned as choose() planned it: the result, without an out, is new at every call
         fresh = last and out is None
-        relayout = not plan.steps_as_they_lie
-        _one_or_two(
-            subscripts,
-            operands,
-            target,
-            threads,
-            *options,
-            fresh=fresh,
-            fallback=False,
-            relayout=relayout,
-        )
+        # the steps of copies made for another kernel are planned as they lie
+        planned: dict[str, Any] = {
+            "fresh": fresh,
+            "fallback": False,
+            "relayout": not plan.steps_as_they_lie,
+        }
+        _one_or_two(subscripts, operands, target, threads, *options, **planned)
         if record:
-            key = _key(
-                subscripts,
-                operands,
-                target,
-                *options,
-                threads,
-                fresh=fresh,
-                fallback=False,
-                relayout=relayout,
-            )
+            key = _key(subscripts, operands, target, *options, threads, **planned)
             found = _plans.get(key)
             call = found[2] if found is not None else None
             call = call if isinstance(call, DirectCall) else None
