@@ -198,20 +198,8 @@ def _plan(
         def contraction(
             subscripts: str, operands: list[np.ndarray], target: np.ndarray, last: bool
         ) -> Plan:
-            options = (accumulate, relu) if last else (False, False)
-            # copies go to scratch reused call after call; the result, without an out, is
-            # allocated for each call
-            fresh = last and out is None
-            return _plan(
-                subscripts,
-                operands,
-                target,
-                *options,
-                threads,
-                fallback=False,
-                fresh=fresh,
-                relayout=not relaying,
-            )[0]
+            options, planned = _step_options(accumulate, relu, last, out, relaying)
+            return _plan(subscripts, operands, target, *options, threads, **planned)[0]
 
         # A memory-bound contraction that runs kernels as it lies is not worth its result
         # copied (random memory-bound einsums, K of 2-8: with the result's copies allowed,
@@ -254,6 +242,18 @@ def _plan(
         plan.split = plan_split(parsed, arrays, threads)
     _cache(key, (plan, direct, direct_call(plan, inputs, arrays, out, accumulate, relu)))
     return plan, direct
+
+
+def _step_options(
+    accumulate: bool, relu: bool, last: bool, out: np.ndarray | None, as_they_lie: bool
+) -> tuple[tuple[bool, bool], dict[str, Any]]:
+    """How the copying fallback plans (and keys) a step: (accumulate, relu), then the keyword
+    options. Only the last step takes the call's accumulate and ReLU; copies go to scratch
+    reused call after call, while the result, without an out, is allocated for each call;
+    the steps of copies made for another kernel (``as_they_lie``) are planned as they lie."""
+    options = (accumulate and last, relu and last)
+    planned = {"fresh": last and out is None, "fallback": False, "relayout": not as_they_lie}
+    return options, planned
 
 
 def _cache(key: tuple[Any, ...], entry: tuple[Plan, tuple[bool, ...], Any]) -> None:
@@ -524,15 +524,8 @@ def _through_canonical(
     record = not any(plan.reductions)  # a NumPy sum first is no step a replay could run
 
     def step(subscripts: str, operands: list[np.ndarray], target: np.ndarray, last: bool) -> None:
-        options = (accumulate and last, relu and last)
-        # planned as choose() planned it: the result, without an out, is new at every call
-        fresh = last and out is None
-        # the steps of copies made for another kernel are planned as they lie
-        planned: dict[str, Any] = {
-            "fresh": fresh,
-            "fallback": False,
-            "relayout": not plan.steps_as_they_lie,
-        }
+        # planned as choose() planned it
+        options, planned = _step_options(accumulate, relu, last, out, plan.steps_as_they_lie)
         _one_or_two(subscripts, operands, target, threads, *options, **planned)
         if record:
             key = _key(subscripts, operands, target, *options, threads, **planned)

@@ -530,14 +530,21 @@ def kernel_depth(plan: Plan) -> int:
     return main.spec.k * choose_blocking(main.spec, Target.host()).chunk
 
 
-def _outer_blocking(plan: Plan) -> Blocking | None:
-    """The blocking of the plan's BRGEMM kernel if it runs the outer-product form on both
-    operands in their plain layouts (A unit stride on M, B on K), reading B where it lies."""
+def _brgemm_blocking(plan: Plan) -> tuple[BrgemmSpec, Blocking] | None:
+    """The spec and register blocking of the plan's BRGEMM kernel (None for others)."""
     main = _main(plan)
     if main is None or main.kind != "brgemm" or not isinstance(main.spec, BrgemmSpec):
         return None
-    spec = main.spec
-    blocking = choose_blocking(spec, Target.host())
+    return main.spec, choose_blocking(main.spec, Target.host())
+
+
+def _outer_blocking(plan: Plan) -> Blocking | None:
+    """The blocking of the plan's BRGEMM kernel if it runs the outer-product form on both
+    operands in their plain layouts (A unit stride on M, B on K), reading B where it lies."""
+    found = _brgemm_blocking(plan)
+    if found is None:
+        return None
+    spec, blocking = found
     plain = not (spec.trans_a or spec.trans_b or blocking.pack_b)
     return blocking if plain and blocking.form == "outer" else None
 
@@ -569,33 +576,16 @@ def other_kernel(plan: Plan) -> bool:
     return not plain_outer(plan)
 
 
-def _packs_a(plan: Plan) -> bool:
-    """Whether the plan's BRGEMM kernel copies its A tile on every call."""
-    main = _main(plan)
-    if main is None or main.kind != "brgemm" or not isinstance(main.spec, BrgemmSpec):
-        return False
-    return choose_blocking(main.spec, Target.host()).pack_a
-
-
-def outer_rank(plan: Plan) -> int:
-    """How close the plan's kernel comes to the plain outer-product one: 2 for
-    :func:`plain_outer`; 1 for a kernel that copies its A tile on every call (the
-    outer-product one on plain layouts, :func:`outer_untransposed`, or another); 0 for any
-    other kernel."""
-    return 2 if plain_outer(plan) else 1 if _packs_a(plan) else 0
-
-
 def relaid(plan: Plan, product: Plan) -> bool:
-    """Whether ``product`` runs an outer-product kernel on plain layouts (its A tile copied
-    once per call at most) where ``plan``, which fills its vector lanes, runs a kernel
-    further from the plain one. A kernel that copies its A tile on every call and also
-    reads a transposed B gains little from B copied once (2-D FP64 GEMMs with K of 14-128:
-    0.76x-1.37x, 0.95x by geometric mean)."""
-    return (
-        other_kernel(plan)
-        and outer_untransposed(product)
-        and outer_rank(product) > outer_rank(plan)
-    )
+    """Whether ``product`` runs an outer-product kernel on plain layouts where ``plan``, which
+    fills its vector lanes, runs a kernel further from the plain one: the plain kernel, or
+    the one that copies its A tile once per call where ``plan``'s copies no A tile. A kernel
+    that copies its A tile on every call and also reads a transposed B gains little from B
+    copied once (2-D FP64 GEMMs with K of 14-128: 0.76x-1.37x, 0.95x by geometric mean)."""
+    if not (other_kernel(plan) and outer_untransposed(product)):
+        return False
+    found = _brgemm_blocking(plan)
+    return plain_outer(product) or not (found is not None and found[1].pack_a)
 
 
 def kernel_shortfall(plan: Plan) -> str:
