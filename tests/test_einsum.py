@@ -838,6 +838,50 @@ def test_numpy_keywords_and_array_likes():
         teir.einsum("i", np.ones(2), dtype=np.int32)
 
 
+@pytest.mark.parametrize(
+    ("spelling", "expected"),
+    [("f32", np.float32), ("FP64", np.float64), ("float32", np.float32), (np.float64, np.float64)],
+)
+def test_dtypes_may_be_spelled_as_teir_spells_them(spelling, expected):
+    expr = teir.contract_expression("ij,jk->ik", (2, 3), (3, 4), dtype=spelling)
+    assert expr(np.ones((2, 3)), np.ones((3, 4))).dtype == expected
+    assert teir.einsum("ij->ji", np.ones((2, 3)), dtype=spelling).dtype == expected
+    with pytest.raises(teir.EinsumError, match="names no data type"):
+        teir.contract_expression("ij->ji", (2, 3), dtype="bogus")
+    with pytest.raises(teir.EinsumError, match="float32 or float64, got int8"):
+        teir.einsum("ij->ji", np.ones((2, 3)), dtype="int8")
+
+
+def test_numpy_sublist_form():
+    # NumPy's einsum(op0, sublist0, op1, sublist1, ..., [sublistout]): integers for labels
+    rng = np.random.default_rng(7)
+    a, b, c = rng.random((3, 4)), rng.random((4, 5)), rng.random((5, 2))
+    calls = [
+        ((a, [0, 1], b, [1, 2], [0, 2]), "two operands, explicit output"),
+        ((a, [30, 1], b, [1, 25]), "implicit output: label 25 ('Z') sorts before 30 ('e')"),
+        ((a, [Ellipsis, 1], b, [1, 2], [Ellipsis, 2]), "ellipsis"),
+        ((a, [1, 0]), "one operand"),
+        ((a, [0, 1], b, [1, 2], c, [2, 3], [3, 0]), "three operands"),
+        ((a, (np.int64(0), 1), b, (1, 2), (0,)), "tuples and NumPy integers"),
+    ]
+    for arguments, what in calls:
+        np.testing.assert_allclose(
+            teir.einsum(*arguments), np.einsum(*arguments), rtol=1e-12, err_msg=what
+        )
+    plan = teir.einsum_plan(a, [0, 1], b, [1, 2], [0, 2])
+    assert plan.explain().startswith("# einsum AB,BC->AC")
+    for arguments, match in [
+        ((a, [0, 52]), r"subscript 52 is not within \[0, 52\)"),
+        ((a, [0, "i"]), "'i' is not a subscript"),
+        ((a, [0, True]), "True is not a subscript"),
+        ((a, [0, 1], b, "jk"), "sublist 1 must be a list"),
+        ((a, b), "subscripts must be a string, or operands and sublists"),
+        ((a, [0, 1], b, [1, 2], 7), "the output sublist must be a list"),
+    ]:
+        with pytest.raises(teir.EinsumError, match=match):
+            teir.einsum(*arguments)
+
+
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     random_einsum(),
@@ -975,8 +1019,7 @@ def test_reductions_whose_output_tiles_split_unevenly_are_shared_instead(dtype):
 
     def operands(e: int) -> list[np.ndarray]:
         return [
-            rng.integers(-4, 5, shape).astype(dtype)
-            for shape in ((40, 50, 64), (40, e, 50, 40))
+            rng.integers(-4, 5, shape).astype(dtype) for shape in ((40, 50, 64), (40, e, 50, 40))
         ]
 
     arrays = operands(7)

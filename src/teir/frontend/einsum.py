@@ -21,7 +21,7 @@ import numpy as np
 from teir.buffers import new_result
 from teir.frontend import copy_fallback
 from teir.frontend.direct_call import DirectCall, direct_call
-from teir.frontend.einsum_parse import EinsumError, parse
+from teir.frontend.einsum_parse import EinsumError, from_sublists, parse
 from teir.frontend.einsum_plan import (
     SHORT_DEPTH_GAIN,
     Operand,
@@ -47,6 +47,7 @@ from teir.frontend.split_reduction import (
     split_views,
     unbalanced,
 )
+from teir.ir.enums import DataType
 from teir.kernels.arrays import data_address
 from teir.runtime.arguments import as_array
 from teir.runtime.pool import default_threads
@@ -76,6 +77,27 @@ def _remember(recent: tuple[Any, ...], call: DirectCall | FallbackCall) -> None:
             if len(_recent) >= PLAN_CACHE_SIZE:
                 _recent.pop(next(iter(_recent)))
             _recent[recent] = call
+
+
+def float_dtype(dtype: Any) -> np.dtype[Any]:
+    """The NumPy dtype ``dtype`` names: float32 or float64, as NumPy spells them or as teir
+    does ("f32", "FP64", ...).
+
+    >>> float_dtype("f32"), float_dtype(np.float64)
+    (dtype('float32'), dtype('float64'))
+    """
+    named = DataType.parse(dtype)
+    if named is not None:
+        return np.dtype(named.numpy)
+    try:
+        wanted: np.dtype[Any] = np.dtype(dtype)
+    except TypeError:
+        raise EinsumError(
+            f"dtype {dtype!r} names no data type; use np.float32 or np.float64 (or 'f32', 'f64')"
+        ) from None
+    if wanted not in _FLOATS:
+        raise EinsumError(f"dtype must be float32 or float64, got {wanted}")
+    return wanted
 
 
 def _arrays(operands: Sequence[Any]) -> list[np.ndarray]:
@@ -291,7 +313,7 @@ def _check_writable(out: np.ndarray) -> None:
 
 
 def einsum(
-    subscripts: str,
+    subscripts: Any,
     *operands: Any,
     out: Any = None,
     threads: int | None = None,
@@ -311,9 +333,14 @@ def einsum(
     passed to it: ``"auto"`` by default, ``"greedy"``, ``"optimal"``, ``"dp"``, an explicit
     path, or ``False`` for left to right), optimized and compiled with planned intermediates.
 
+    NumPy's sublist form, ``einsum(op0, sublist0, op1, sublist1, ..., [sublistout])`` with
+    integers for labels (0-25 are 'A'-'Z', 26-51 'a'-'z', ``Ellipsis`` is '...'), is
+    accepted too.
+
     ``out=`` is written in place (``accumulate=True`` adds the result to it instead);
-    ``relu=True`` applies ``max(., 0)`` to the result. ``dtype`` (float32 or float64) casts
-    the operands first; ``casting`` is accepted for compatibility.
+    ``relu=True`` applies ``max(., 0)`` to the result. ``dtype`` (float32 or float64, also
+    spelled "f32", "FP64", ...) casts the operands first; ``casting`` is accepted for
+    compatibility.
 
     ``order`` lays out a new result (without ``out``) as NumPy's does: ``"C"``, ``"F"``,
     ``"A"`` (F where every operand is F- and not C-contiguous, else C) or ``"K"``, the
@@ -331,6 +358,8 @@ def einsum(
     >>> teir.einsum("ebda,fa->fbde", a, b, order="C").flags.c_contiguous
     True
     """
+    if type(subscripts) is not str:
+        subscripts, operands = from_sublists((subscripts, *operands))
     check_order(order)
     if type(accumulate) is not bool or type(relu) is not bool or (accumulate and out is None):
         _check_flags(accumulate, relu)
@@ -359,9 +388,7 @@ def einsum(
                     return result
     arrays = _arrays(operands)
     if dtype is not None:
-        wanted = np.dtype(dtype)
-        if wanted not in _FLOATS:
-            raise EinsumError(f"dtype must be float32 or float64, got {wanted}")
+        wanted = float_dtype(dtype)
         arrays = [a if a.dtype == wanted else a.astype(wanted) for a in arrays]
     _check_threads(threads)
     if len(arrays) > 2:
@@ -607,9 +634,7 @@ class ContractExpression:
         self.order = order
         self.subscripts = subscripts
         self.shapes = tuple(tuple(int(n) for n in shape) for shape in shapes)
-        self.dtype = np.dtype(dtype)
-        if self.dtype not in _FLOATS:
-            raise EinsumError(f"dtype must be float32 or float64, got {self.dtype}")
+        self.dtype = float_dtype(dtype)
         self.threads = threads
         self.accumulate = accumulate
         self.relu = relu
@@ -719,7 +744,7 @@ def contract_expression(
 
 
 def einsum_plan(
-    subscripts: str,
+    subscripts: Any,
     *operands: Any,
     out: Any = None,
     threads: int | None = None,
@@ -728,6 +753,8 @@ def einsum_plan(
     order: str = "K",
 ) -> Plan:
     """The plan ``einsum`` uses for these operands (for ``plan.explain()``)."""
+    if type(subscripts) is not str:
+        subscripts, operands = from_sublists((subscripts, *operands))
     check_order(order)
     arrays = _arrays(operands)
     if len(arrays) > 2:

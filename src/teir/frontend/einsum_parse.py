@@ -8,8 +8,12 @@ followed by the labels that appear exactly once, in ASCII order. Spaces are igno
 from __future__ import annotations
 
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
+
+import numpy as np
 
 from teir.errors import TeirError
 
@@ -41,6 +45,54 @@ def _split_term(term: str, where: str) -> tuple[list[str], list[str], bool]:
                 "ASCII letters, ',' between operands, '->' and '...'"
             )
     return list(before), list(after), bool(dots)
+
+
+SUBLIST_FORM = "einsum(op0, sublist0, op1, sublist1, ..., [sublistout])"
+
+
+def _sublist_term(sublist: Any, where: str) -> str:
+    """One sublist as a term of an einsum string (NumPy's mapping: 0-25 are 'A'-'Z',
+    26-51 'a'-'z', ``Ellipsis`` is '...')."""
+    if not isinstance(sublist, (list, tuple)):
+        raise EinsumError(
+            f"{where} must be a list of integers in [0, 52) or Ellipsis, got "
+            f"{type(sublist).__name__} (the sublist form is {SUBLIST_FORM})"
+        )
+    term = []
+    for item in sublist:
+        if item is Ellipsis:
+            term.append("...")
+            continue
+        if isinstance(item, bool) or not isinstance(item, (int, np.integer)):
+            raise EinsumError(
+                f"{where}: {item!r} is not a subscript; use integers in [0, 52) or Ellipsis"
+            )
+        if not 0 <= item < len(LETTERS):
+            raise EinsumError(f"{where}: subscript {int(item)} is not within [0, 52)")
+        term.append(LETTERS[(int(item) + 26) % 52])
+    return "".join(term)
+
+
+def from_sublists(arguments: Sequence[Any]) -> tuple[str, tuple[Any, ...]]:
+    """(subscripts, operands) of NumPy's sublist form ``einsum(op0, sublist0, op1,
+    sublist1, ..., [sublistout])``, which takes integers for labels.
+
+    >>> from_sublists([1.0, [0, 1], 2.0, [1, Ellipsis], [Ellipsis, 0]])
+    ('AB,B...->...A', (1.0, 2.0))
+    """
+    if len(arguments) < 2 or not isinstance(arguments[1], (list, tuple)):
+        kind = type(arguments[0]).__name__
+        raise EinsumError(
+            f"subscripts must be a string, or operands and sublists in NumPy's form "
+            f"{SUBLIST_FORM}; got {kind}"
+        )
+    count = len(arguments) // 2
+    operands = tuple(arguments[0 : 2 * count : 2])
+    terms = [_sublist_term(arguments[2 * i + 1], f"sublist {i}") for i in range(count)]
+    subscripts = ",".join(terms)
+    if len(arguments) % 2:
+        subscripts += "->" + _sublist_term(arguments[-1], "the output sublist")
+    return subscripts, operands
 
 
 def parse(subscripts: str, ndims: list[int]) -> Subscripts:
