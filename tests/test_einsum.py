@@ -868,6 +868,7 @@ def test_numpy_sublist_form():
         np.testing.assert_allclose(
             teir.einsum(*arguments), np.einsum(*arguments), rtol=1e-12, err_msg=what
         )
+    np.testing.assert_allclose(teir.einsum(np.str_("ij,jk"), a, b), a @ b, rtol=1e-12)
     plan = teir.einsum_plan(a, [0, 1], b, [1, 2], [0, 2])
     assert plan.explain().startswith("# einsum AB,BC->AC")
     for arguments, match in [

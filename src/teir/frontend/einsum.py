@@ -358,7 +358,7 @@ def einsum(
     >>> teir.einsum("ebda,fa->fbde", a, b, order="C").flags.c_contiguous
     True
     """
-    if type(subscripts) is not str:
+    if not isinstance(subscripts, str):
         subscripts, operands = from_sublists((subscripts, *operands))
     check_order(order)
     if type(accumulate) is not bool or type(relu) is not bool or (accumulate and out is None):
@@ -753,7 +753,7 @@ def einsum_plan(
     order: str = "K",
 ) -> Plan:
     """The plan ``einsum`` uses for these operands (for ``plan.explain()``)."""
-    if type(subscripts) is not str:
+    if not isinstance(subscripts, str):
         subscripts, operands = from_sublists((subscripts, *operands))
     check_order(order)
     arrays = _arrays(operands)
