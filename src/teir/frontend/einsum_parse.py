@@ -11,9 +11,8 @@ import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from numbers import Integral
 from typing import Any
-
-import numpy as np
 
 from teir.errors import TeirError
 
@@ -63,13 +62,14 @@ def _sublist_term(sublist: Any, where: str) -> str:
         if item is Ellipsis:
             term.append("...")
             continue
-        if isinstance(item, bool) or not isinstance(item, (int, np.integer)):
+        if isinstance(item, bool) or not isinstance(item, Integral):
             raise EinsumError(
                 f"{where}: {item!r} is not a subscript; use integers in [0, 52) or Ellipsis"
             )
-        if not 0 <= item < len(LETTERS):
-            raise EinsumError(f"{where}: subscript {int(item)} is not within [0, 52)")
-        term.append(LETTERS[(int(item) + 26) % 52])
+        label = int(item)
+        if not 0 <= label < len(LETTERS):
+            raise EinsumError(f"{where}: subscript {label} is not within [0, 52)")
+        term.append(LETTERS[(label + 26) % 52])
     return "".join(term)
 
 
