@@ -36,6 +36,12 @@ from teir.codegen.transpose import L1_WAYS, LINE_BYTES, set_crowding
 
 K_UNROLL = 4
 K_PIECE = 8
+# A register block sums at most this many products per element (per lane in the dot form)
+# before adding them to C: the batch chunk is cut to fit. Rounding error grows with the
+# length of a chain of additions; two levels of at most a few thousand each keep FP32 sums of
+# millions of products near NumPy's pairwise ones (``ik,kj->ij`` 4 x 10^6 x 4: relative error
+# 4.9e-5 summed whole per thread, NumPy 1.1e-6).
+SUM_CHAIN = 4096
 # Pack A when its columns are at least this far apart, into a buffer of at most this size.
 PACK_LEADING_BYTES = 4096
 PACK_BUFFER_BYTES = 128 * 1024
@@ -347,7 +353,9 @@ def choose_blocking(spec: BrgemmSpec, target: Target, pack_transposed: bool = Tr
         per_element = blocking.b_buffer_bytes(spec) // chunk
         limit = max(1, cache_sizes()["L1"] // PACK_B_L1_PART // per_element)
         blocking = replace(blocking, chunk=_chunk_within(spec.batch, chunk, limit))
-    return blocking
+    per_element = -(-spec.k // lanes) if form == "dot" else spec.k
+    chained = _chunk_within(spec.batch, blocking.chunk, SUM_CHAIN // per_element)
+    return replace(blocking, chunk=chained) if chained != blocking.chunk else blocking
 
 
 @dataclass(frozen=True)
@@ -1082,12 +1090,11 @@ class _Emitter:
         if packed_b:
             bc_col, bc_k, bc_batch, first_col = 1, blk.b_row, spec.k * blk.b_row, 0
 
-        acc = [
-            self.initial_outer(r0, c0, v, col, active[v], overwrite, mirror)
-            for col in range(cols)
-            for v in range(vectors)
-        ]
-        kinds = [(self.vt, value) for value in acc]
+        # The sums start from zero and are added to C when stored, not loaded from C first:
+        # each call's (chunk's) sum then adds to C as one term, so that no element's sum is a
+        # single chain of rounded additions over all of K (``ij,ji->`` 3000² FP32: relative
+        # error 2.5e-3, NumPy's 3.6e-6).
+        kinds = [(self.vt, "zeroinitializer")] * (cols * vectors)
 
         def step(accs: list[str], vb: str, bb: str, k: str | int) -> list[str]:
             vec = [
@@ -1280,29 +1287,6 @@ class _Emitter:
                         [(columns[lane], i) for i in range(width)], offset, overwrite
                     )
 
-    def initial_outer(
-        self,
-        r0: str | int,
-        c0: str | int,
-        v: int,
-        col: int,
-        active: int,
-        overwrite: bool | str,
-        mirror: bool,
-    ) -> str:
-        if overwrite is True or mirror:  # the mirror form adds to C when it stores
-            return "zeroinitializer"
-        offset = self.f.add_i64(
-            self.f.add_i64(r0, v * self.b.lanes),
-            self.f.mul_i64(self.f.add_i64(c0, col), self.spec.ldc),
-        )
-        loaded = self.load_vector("%C", offset, active)
-        if overwrite is False:
-            return loaded
-        return self.f.assign(
-            f"select i1 {overwrite}, {self.vt} zeroinitializer, {self.vt} {loaded}", "v"
-        )
-
     def store_outer(
         self,
         value: str,
@@ -1318,6 +1302,17 @@ class _Emitter:
         f, spec, lanes = self.f, self.spec, self.b.lanes
         if self.b.form != "mirror":
             offset = f.add_i64(f.add_i64(r0, v * lanes), f.mul_i64(f.add_i64(c0, col), spec.ldc))
+            if overwrite is not True:
+                total = f.assign(
+                    f"fadd {self.vt} {self.load_vector('%C', offset, active, first)}, {value}", "v"
+                )
+                value = (
+                    total
+                    if overwrite is False
+                    else f.assign(
+                        f"select i1 {overwrite}, {self.vt} {value}, {self.vt} {total}", "v"
+                    )
+                )
             self.store_vector(value, "%C", offset, active, streamed, first)
             return
         # Lane l holds C[m = c0 + col, n = r0 + v * lanes + l]: at m + n * ldc.

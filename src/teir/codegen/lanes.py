@@ -200,13 +200,9 @@ class _LaneEmitter:
             [f.add_i64(f.mul_i64(r, spec.m_out), q * spec.n_out) for q in range(cols)]
             for r in range(rows)
         ]
-        accs = [
-            "zeroinitializer"
-            if beta == 0
-            else self.vectors.load(f, "%c", c_offsets[r][q], active, spec.itemsize)
-            for r in range(rows)
-            for q in range(cols)
-        ]
+        # from zero, added to C when stored: each K block's sum adds to C as one term, so that
+        # no element's sum is one chain of rounded additions over all of K
+        accs = ["zeroinitializer"] * (rows * cols)
         fma = f"@llvm.fmuladd.{self.suffix}"
 
         def step(values: list[str], a_panel: str, b_panel: str, k: int) -> list[str]:
@@ -238,6 +234,9 @@ class _LaneEmitter:
         for r in range(rows):
             for q in range(cols):
                 value = results[r * cols + q]
+                if beta:
+                    old = self.vectors.load(f, "%c", c_offsets[r][q], active, spec.itemsize)
+                    value = f.assign(f"fadd {vt} {old}, {value}", "v")
                 if relu:
                     value = f.assign(
                         f"call {vt} @llvm.maxnum.{self.suffix}({vt} {value}, {vt} zeroinitializer)",

@@ -41,6 +41,8 @@ from teir.frontend.einsum_plan import (
 from teir.frontend.fallback_call import FallbackCall, RecordedStep, fallback_call
 from teir.frontend.result_layout import check_order, fortran_ordered
 from teir.frontend.split_reduction import (
+    accuracy_parts,
+    chain_length,
     plan_split,
     rest_views,
     short_rows,
@@ -255,13 +257,11 @@ def _plan(
                 plan.canonical, plan.product = None, None
         plan.steps_as_they_lie = relaying and plan.canonical is not None
     one_thread = bool(plan.regions) and all(len(r.operation.slices) == 1 for r in plan.regions)
-    if (
-        split
-        and (one_thread or short_rows(plan, threads) or unbalanced(plan, threads))
-        and plan.canonical is None
-        and not any(plan.reductions)
-    ):
-        plan.split = plan_split(parsed, arrays, threads)
+    if split and plan.canonical is None and not any(plan.reductions):
+        chain = chain_length(plan)
+        long_chain = accuracy_parts(chain, threads) > 0
+        if long_chain or one_thread or short_rows(plan, threads) or unbalanced(plan, threads):
+            plan.split = plan_split(parsed, arrays, threads, chain)
     _cache(key, (plan, direct, direct_call(plan, inputs, arrays, out, accumulate, relu)))
     return plan, direct
 

@@ -239,10 +239,17 @@ class Plan:
                 why = "no kernel layout fits the operands as they lie"
             lines.append(f"# {why}: " + "; ".join(moves) + " (innermost last)")
         if self.split is not None:
+            why = (
+                f"which adds {self.split.chain} times in a row into each output element, "
+                "and rounding error grows with that"
+                if self.split.chain
+                else "one thread, threads sharing short rows of a matrix, or threads idle "
+                "in uneven shares"
+            )
+            each = "" if self.split.chain else ", one per thread,"
             lines.append(
-                "# instead of the operation below (one thread, threads sharing short rows "
-                f"of a matrix, or threads idle in uneven shares), {self.split.label!r} is "
-                f"cut into {self.split.parts} parts, one per thread, as "
+                f"# instead of the operation below ({why}), {self.split.label!r} is "
+                f"cut into {self.split.parts} parts{each} as "
                 f"{self.split.subscripts} into a temporary, and the parts are summed"
                 + (
                     f" (its last {self.split.rest} indices, left out of the cut, are "
