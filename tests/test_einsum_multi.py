@@ -228,6 +228,9 @@ def test_every_optimize_option(subscripts, shapes, optimize):
         [(0, 3), (0, 2), (0, 1)],
         [(0, 1, 2, 3)],
         [(1, 2, 3), (0, 1)],
+        [(np.int64(2), np.int64(3)), (0, 1), (0, 1)],  # NumPy integers (a path in an array)
+        [(0,), (0, 1), (0, 1), (0, 1)],  # a one-operand step moves its operand last
+        [(3,), (1, 2), (0, 1), (0, 1)],
     ],
 )
 def test_explicit_paths(path):
@@ -541,13 +544,31 @@ def test_contract_expression_errors():
         [("a", "b")],
         3,
         "bogus",
+        [(0, 0), (0, 1)],
+        [(0, 1)],
+        [(), (0, 1), (0, 1)],
+        [(True, 1), (0, 1)],
     ],
-    ids=["index-7", "second-step", "negative", "letters", "int", "unknown-name"],
+    ids=[
+        "index-7",
+        "second-step",
+        "negative",
+        "letters",
+        "int",
+        "unknown-name",
+        "twice",
+        "incomplete",
+        "empty-step",
+        "bool",
+    ],
 )
 def test_bad_paths(path):
     ops = operands([(3, 4), (4, 5), (5, 2)])
-    with pytest.raises(teir.EinsumError):
+    with pytest.raises(teir.EinsumError) as error:
         teir.einsum("ij,jk,kl->il", *ops, optimize=path)
+    assert "Error" not in str(error.value)  # teir's words, not another library's exception
+    with pytest.raises(teir.EinsumError):
+        teir.contract_expression("ij,jk,kl->il", (3, 4), (4, 5), (5, 2), optimize=path)
 
 
 @pytest.mark.parametrize(
@@ -591,3 +612,32 @@ def test_accumulate_into_out_when_the_tree_ends_in_a_permutation(relu):
     out = start.copy()
     teir.einsum("ebd,ddf,aaf->eab", *ops, out=out, accumulate=True, relu=relu)
     assert_close(out, "ebd,ddf,aaf->eab", ops, np.float32, start, relu)
+
+
+@pytest.mark.parametrize(
+    ("subscripts", "shapes"),
+    [
+        ("ii,ij,jk->k", [(3, 3), (3, 4), (4, 2)]),
+        ("ii,ij,jk->k", [(300, 300), (300, 4), (4, 2)]),
+        ("iij,jk,kl->il", [(3, 3, 4), (4, 5), (5, 2)]),
+        ("iji,jk,kl->l", [(3, 4, 3), (4, 5), (5, 2)]),
+    ],
+)
+def test_contract_expression_takes_diagonals_of_views(subscripts, shapes):
+    """A leaf compiled as the diagonal of a C-ordered operand (its elements n + 1 apart) given
+    another layout is copied into the compiled one, not into a contiguous array the kernels
+    would read n + 1 apart (which read past its end: garbage, or a crash at 3000 x 3000)."""
+    expr = teir.contract_expression(subscripts, *shapes)
+    ops = operands(shapes, seed=9)
+    first = ops[0]
+    roomy = np.zeros(tuple(n + 2 for n in first.shape))
+    roomy[tuple(slice(0, n) for n in first.shape)] = first
+    views = {
+        "sliced": roomy[tuple(slice(0, n) for n in first.shape)],
+        "fortran": np.asfortranarray(first),
+        "broadcast": np.broadcast_to(first[:1], first.shape),
+    }
+    for view in views.values():
+        given = [view, *ops[1:]]
+        assert_close(expr(*given), subscripts, given)
+    assert_close(expr(*ops), subscripts, ops)

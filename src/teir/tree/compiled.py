@@ -27,6 +27,7 @@ from teir.frontend.einsum_plan import (
     outer_untransposed,
     placeholder,
 )
+from teir.ir.layout import is_injective
 from teir.kernels.arrays import data_address
 from teir.runtime.arguments import as_array
 from teir.tree.layout import einsum_text, lonely_ids, row_major_strides, subscripts
@@ -220,7 +221,7 @@ class CompiledTree:
                 s // array.itemsize if n > 1 else 0 for n, s in zip(array.shape, array.strides)
             )
             if strides != tuple(s if n > 1 else 0 for n, s in zip(shape, expected)):
-                array = np.ascontiguousarray(array)  # documented: laid out as compiled
+                array = _laid_out(array, expected)  # documented: copied as compiled
             if not array.flags.aligned:  # kernels assume whole elements: a copy
                 array = np.require(array, requirements="A")
             arrays.append(array)
@@ -362,3 +363,24 @@ def result_bytes(tree: CompiledTree) -> int:
 
 
 __all__ = ["CompiledTree"]
+
+
+def _laid_out(array: np.ndarray, strides: Sequence[int]) -> np.ndarray:
+    """A copy of ``array`` with the element ``strides`` the tree was compiled for (a leaf
+    compiled as a diagonal of a square operand lies n + 1 elements apart, not 1)."""
+    shape = array.shape
+    if not is_injective(list(shape), list(strides)) or any(s < 0 for s in strides):
+        raise TreeError(
+            f"a leaf of shape {shape} with strides {array.strides} cannot be laid out as the "
+            f"tree was compiled (element strides {tuple(strides)}, which repeat elements): "
+            "pass it laid out as when compiled, or compile the tree for this layout"
+        )
+    extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides) if n > 0)
+    if 0 in shape:
+        extent = 1
+    buffer = aligned_empty((extent,), array.dtype)
+    copy = np.lib.stride_tricks.as_strided(
+        buffer, shape, tuple(s * array.itemsize for s in strides), writeable=True
+    )
+    copy[...] = array
+    return copy

@@ -9,6 +9,7 @@ stride and the tree's cost model sees its layout.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -96,6 +97,8 @@ def _path(prepared: Prepared, optimize: Any) -> list[tuple[int, ...]]:
         optimize = "auto"
     if isinstance(optimize, (list, tuple)) and optimize and optimize[0] == "einsum_path":
         optimize = list(optimize[1:])  # the form numpy.einsum_path returns
+    if isinstance(optimize, (list, tuple)):
+        return checked_path(optimize, count)
     terms = ",".join("".join(opt_einsum.get_symbol(i) for i in t) for t in prepared.leaf_ids)
     equation = f"{terms}->{''.join(opt_einsum.get_symbol(i) for i in prepared.output)}"
     shapes = [tuple(prepared.sizes[i] for i in t) for t in prepared.leaf_ids]
@@ -106,15 +109,49 @@ def _path(prepared: Prepared, optimize: Any) -> list[tuple[int, ...]]:
     return [tuple(step) for step in path]
 
 
+def checked_path(path: Sequence[Any], count: int) -> list[tuple[int, ...]]:
+    """An explicit contraction path for ``count`` operands (opt_einsum's convention: each
+    step's operands, by their positions among those left, are removed and its result
+    appended) as tuples of ints, or an EinsumError saying which step is wrong and why."""
+    steps: list[tuple[int, ...]] = []
+    left = count
+    for number, step in enumerate(path):
+        where = f"step {number} of the contraction path ({step!r})"
+        if not isinstance(step, (tuple, list)) or not step:
+            raise EinsumError(
+                f"{where} is not a tuple of operand positions: a path is a list of steps like "
+                "(0, 1), each naming the operands it contracts"
+            )
+        if any(not isinstance(i, numbers.Integral) or isinstance(i, bool) for i in step):
+            raise EinsumError(f"{where} names operands by something other than integers")
+        positions = tuple(int(i) for i in step)
+        if len(set(positions)) != len(positions):
+            raise EinsumError(f"{where} names an operand more than once")
+        wrong = [i for i in positions if not 0 <= i < left]
+        if wrong:
+            raise EinsumError(
+                f"{where} names operand {wrong[0]}, but {left} operands are left at that step "
+                f"(positions 0 to {left - 1}: each step removes its operands and appends its "
+                "result)"
+            )
+        left -= len(positions) - 1
+        steps.append(positions)
+    if left != 1:
+        raise EinsumError(
+            f"the contraction path leaves {left} operands uncontracted: its steps must "
+            f"contract all {count} operands into one"
+        )
+    return steps
+
+
 def build_tree(prepared: Prepared, path: Sequence[tuple[int, ...]]) -> Node:
     """The contraction nodes along ``path`` (opt_einsum's convention: the operands of a step
     are removed and its result appended); the last one writes the output's order."""
     nodes = [Node(ids, leaf=i) for i, ids in enumerate(prepared.leaf_ids)]
-    for step in path:
-        if len(step) < 2:
-            continue  # a one-operand step sums ids: the next contraction does that
-        if any(not isinstance(i, int) or not 0 <= i < len(nodes) for i in step):
-            raise EinsumError(f"contraction path step {step} names operands that do not exist")
+    for step in checked_path(path, len(nodes)):
+        if len(step) == 1:  # a one-operand step sums ids (the next contraction does that)
+            nodes.append(nodes.pop(step[0]))  # and moves the operand last
+            continue
         chosen = [nodes[i] for i in step]
         for i in sorted(step, reverse=True):
             del nodes[i]
