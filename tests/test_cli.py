@@ -129,6 +129,39 @@ def test_run_rejects_bad_repeat():
     assert info.value.code == 2
 
 
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["run", "FILE", "--seed", "-1"], "--seed: must be at least 0"),
+        (["run", "FILE", "--seed", "x"], "--seed: 'x' is not an integer"),
+        (["run", "FILE", "--threads", "0"], "--threads: must be at least 1"),
+        (["explain", "FILE", "--threads", "-2"], "--threads: must be at least 1"),
+        (["optimize", "FILE", "--threads", "0"], "--threads: must be at least 1"),
+        (["demo", "--threads", "0"], "--threads: must be at least 1"),
+        (["tree", "[0,1],[1,2]->[0,2]", "--sizes", "2,3,4", "--seconds", "inf"], "--seconds"),
+        (["tree", "[0,1],[1,2]->[0,2]", "--sizes", "2,3,4", "--seconds", "nan"], "--seconds"),
+        (["tree", "[0,1],[1,2]->[0,2]", "--sizes", "2,3,4", "--seconds", "-1"], "--seconds"),
+        (["bench", "einsum", "--rounds", "0"], "--rounds: must be at least 1"),
+        (["bench", "trees", "--seconds", "0"], "--seconds"),
+        (["bench", "kernels", "--dtype", "f16"], "--dtype"),
+    ],
+)
+def test_bad_arguments_are_refused_while_parsing(capsys, arguments, message):
+    """Each bad value gets argparse's one-line usage error (exit status 2) before any work:
+    a negative seed was NumPy's traceback, an infinite --seconds ran forever, --threads 0
+    was refused by some commands only after probing the machine."""
+    arguments = [str(VALID[0]) if a == "FILE" else a for a in arguments]
+    with pytest.raises(SystemExit) as info:
+        main(arguments)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_dtype_may_be_spelled_in_capitals(capsys):
+    assert main(["tree", "[0,1],[1,2]->[0,2]", "--sizes", "2,3,4", "--dtype", "FP64"]) == 0
+    assert "float64" in capsys.readouterr().out
+
+
 def test_explain(capsys):
     assert main(["explain", str(EXAMPLES / "lab3_zero_brgemm_relu.json")]) == 0
     out = capsys.readouterr().out
@@ -265,6 +298,10 @@ def test_tree_command_errors_point_at_the_problem(capsys):
     assert "--sizes" in capsys.readouterr().err
     assert main(["tree", "[0,1],[1,2]->[0,2]", "--sizes", "3,3"]) == 1
     assert "ids [2]" in capsys.readouterr().err
+    assert main(["tree", "[0,1],[1,2]->[0,2]", "--sizes", "3,,3"]) == 1
+    assert "entry 1 is empty" in capsys.readouterr().err
+    assert main(["tree", "[0,1],[1,2]->[0,2]", "--sizes", "2,3,99999999999999999999"]) == 1
+    assert "the node [0,2] would hold" in capsys.readouterr().err
     # leaves larger than the machine's memory: an error before any is allocated
     assert main(["tree", "[0,1],[1,2]->[0,2]", "--sizes", "100000,100000,100000"]) == 1
     err = capsys.readouterr().err

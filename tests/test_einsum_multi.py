@@ -532,6 +532,28 @@ def test_contract_expression_errors():
         teir.contract_expression("ab,bc,cd->ad", (3, 4), (4, 5), (5, 2), dtype=np.int32)
 
 
+@pytest.mark.parametrize("count", [2, 3])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (3, "is not a sequence of sizes"),
+        (np.ones((3, 4)), "not the operands"),
+        ((3, -4), "negative size"),
+        ((3.7, 4), "not an integer size"),
+        ((2**40, 2**40), "more than this machine's"),
+    ],
+)
+def test_contract_expression_checks_its_shapes(bad, match, count):
+    """Shapes that are not tuples of sizes get teir's error saying which and why (were
+    Python's TypeError, NumPy's ValueError, or 3.7 taken as 3), with two operands or more."""
+    subscripts = "ij,jk->ik" if count == 2 else "ij,jk,kl->il"
+    rest = [(4, 5), (5, 2)][: count - 1]
+    with pytest.raises(teir.TeirError, match=match):
+        teir.contract_expression(subscripts, bad, *rest)
+    shape = (np.int64(3), 4)  # NumPy integers are sizes
+    assert teir.contract_expression(subscripts, shape, *rest).shapes[0] == (3, 4)
+
+
 # ---- errors ----------------------------------------------------------------------------------
 
 

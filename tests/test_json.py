@@ -107,6 +107,28 @@ def test_load_rejects_lists_but_load_all_reads_them(tmp_path):
     assert info.value.violations[0].field == "[1].prim_main"
 
 
+def test_save_writes_one_config_or_a_list(tmp_path):
+    cfg = teir.load(EXAMPLES / "lab1_gemm.json")
+    path = tmp_path / "many.json"
+    teir.save([cfg, cfg.replace(data_type="FP64")], path)
+    assert teir.load_all(path) == [cfg, cfg.replace(data_type="FP64")]
+    teir.save(cfg, path)
+    assert teir.load(path) == cfg
+    for bad in ("x", [cfg, "x"], cfg.to_dict()):
+        with pytest.raises(teir.TeirError, match=r"teir\.Config or a list"):
+            teir.save(bad, path)  # type: ignore[arg-type]
+
+
+def test_tensors_may_be_named(tmp_path):
+    cfg = teir.load(EXAMPLES / "lab1_gemm.json")
+    for tensor in teir.Tensor:
+        assert cfg.extent(tensor.label) == cfg.extent(tensor.label.upper()) == cfg.extent(tensor)
+        assert cfg.schedule.strides(tensor.label) == cfg.schedule.strides(tensor)
+    for bad in (0, "in2", None):
+        with pytest.raises(teir.TeirError, match="names no tensor"):
+            cfg.extent(bad)  # type: ignore[arg-type]
+
+
 def test_binary_garbage_file(tmp_path):
     path = tmp_path / "x.json"
     path.write_bytes(b"\xff\xfe\x00garbage")

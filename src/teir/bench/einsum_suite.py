@@ -291,6 +291,25 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def check_plot_target(path: str) -> None:
+    """Exit with a clear message now, before the benchmark runs, where the chart could not be
+    saved at ``path``: no matplotlib, no such folder, or a format matplotlib does not write."""
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase  # type: ignore[import-not-found]
+    except ImportError:
+        raise SystemExit("teir: --plot needs matplotlib: pip install matplotlib") from None
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise SystemExit(f"teir: --plot {path}: the folder {folder} does not exist or is read-only")
+    suffix = os.path.splitext(path)[1].lstrip(".").lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if suffix not in formats:
+        raise SystemExit(
+            f"teir: --plot {path}: give a file name ending in one of "
+            + ", ".join(f".{name}" for name in sorted(formats))
+        )
+
+
 def plot(report: dict[str, Any], path: str) -> None:
     """A bar chart of speedups over NumPy (needs matplotlib)."""
     try:

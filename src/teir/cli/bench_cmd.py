@@ -7,6 +7,8 @@ import argparse
 import json
 from typing import Any
 
+from teir.cli import arguments
+
 
 def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
@@ -20,10 +22,13 @@ def add_parser(commands: Any) -> None:
         "kernels",
         help="GEMM, BRGEMM and unary kernels against one core's FMA peak and the copy bandwidth",
     )
-    kernels.add_argument("--dtype", choices=["f32", "f64", "fp32", "fp64"], default="f32")
+    kernels.add_argument("--dtype", type=arguments.dtype, choices=arguments.DTYPES, default="f32")
     kernels.add_argument("--json", action="store_true", help="print the report as JSON")
     kernels.add_argument(
-        "--seconds", type=float, default=0.05, help="time per measurement (default: %(default)s)"
+        "--seconds",
+        type=arguments.seconds,
+        default=0.05,
+        help="time per measurement (default: %(default)s)",
     )
     kernels.set_defaults(handler=run_kernels)
     course = suites.add_parser(
@@ -33,46 +38,53 @@ def add_parser(commands: Any) -> None:
     )
     course.add_argument(
         "--dtype",
-        choices=["f32", "f64", "fp32", "fp64"],
+        type=arguments.dtype,
+        choices=arguments.DTYPES,
         default=None,
         help="one data type (default: both)",
     )
     course.add_argument("--json", action="store_true", help="print the report as JSON")
     course.add_argument(
-        "--seconds", type=float, default=0.5, help="time per measurement (default: %(default)s)"
+        "--seconds",
+        type=arguments.seconds,
+        default=0.5,
+        help="time per measurement (default: %(default)s)",
     )
     course.set_defaults(handler=run_course)
     suite = suites.add_parser(
         "einsum", help="binary contractions and permutations against numpy and torch"
     )
-    suite.add_argument("--dtype", choices=["f32", "f64", "fp32", "fp64"], default="f32")
+    suite.add_argument("--dtype", type=arguments.dtype, choices=arguments.DTYPES, default="f32")
     suite.add_argument("--json", action="store_true", help="print the report as JSON")
     suite.add_argument("--plot", metavar="FILE.png", help="save a chart (needs matplotlib)")
     suite.add_argument(
         "--seconds",
-        type=float,
+        type=arguments.seconds,
         default=0.3,
         help="time per case and library, over all rounds (default: %(default)s)",
     )
     suite.add_argument(
         "--rounds",
-        type=int,
+        type=arguments.positive_int,
         default=3,
         metavar="N",
         help="alternating rounds of teir and the baselines; each case keeps its best "
         "(default: %(default)s)",
     )
-    suite.add_argument("--threads", type=int, default=None, metavar="N")
+    suite.add_argument("--threads", type=arguments.positive_int, default=None, metavar="N")
     suite.set_defaults(handler=run_einsum)
     trees = suites.add_parser(
         "trees", help="the course's einsum trees against opt_einsum and torch"
     )
-    trees.add_argument("--dtype", choices=["f32", "f64", "fp32", "fp64"], default="f32")
+    trees.add_argument("--dtype", type=arguments.dtype, choices=arguments.DTYPES, default="f32")
     trees.add_argument("--json", action="store_true", help="print the report as JSON")
     trees.add_argument(
-        "--seconds", type=float, default=1.0, help="time per measurement (default: %(default)s)"
+        "--seconds",
+        type=arguments.seconds,
+        default=1.0,
+        help="time per measurement (default: %(default)s)",
     )
-    trees.add_argument("--threads", type=int, default=None, metavar="N")
+    trees.add_argument("--threads", type=arguments.positive_int, default=None, metavar="N")
     trees.set_defaults(handler=run_trees)
 
 
@@ -102,8 +114,8 @@ def run_einsum(args: argparse.Namespace) -> int:
     from teir.bench import einsum_suite
 
     dtype = {"fp32": "f32", "fp64": "f64"}.get(args.dtype, args.dtype)
-    if args.rounds < 1:
-        raise SystemExit("teir bench einsum: --rounds must be at least 1")
+    if args.plot:
+        einsum_suite.check_plot_target(args.plot)
     report = einsum_suite.run(dtype, args.seconds, args.threads, args.rounds)
     print(json.dumps(report, indent=1) if args.json else einsum_suite.format_report(report))
     if args.plot:

@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from teir.cli import arguments
+
 
 def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
@@ -19,7 +21,7 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--threads",
-        type=int,
+        type=arguments.positive_int,
         default=None,
         metavar="N",
         help="threads (default: TEIR_NUM_THREADS or all usable cores)",

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from teir.cli import arguments
 from teir.explain import explain
 from teir.ir import load
 
@@ -22,7 +23,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("file", metavar="FILE", help="JSON configuration file")
     parser.add_argument(
         "--threads",
-        type=int,
+        type=arguments.positive_int,
         default=None,
         metavar="N",
         help="threads to plan for (default: TEIR_NUM_THREADS or all cores)",

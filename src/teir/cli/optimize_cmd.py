@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from teir.cli import arguments
 from teir.ir import save
 
 
@@ -18,7 +19,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("file", metavar="FILE", help="JSON configuration file")
     parser.add_argument(
         "--threads",
-        type=int,
+        type=arguments.positive_int,
         default=None,
         metavar="N",
         help="threads to plan for (default: TEIR_NUM_THREADS or all cores)",

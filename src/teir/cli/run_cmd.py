@@ -15,6 +15,7 @@ import numpy as np
 
 from teir import reference
 from teir.buffers import check_memory
+from teir.cli import arguments
 from teir.errors import ExecutionError
 from teir.ir import Config, Tensor, load
 
@@ -55,7 +56,7 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--threads",
-        type=_positive,
+        type=arguments.positive_int,
         default=None,
         metavar="N",
         help="threads for shared axes (default: TEIR_NUM_THREADS or all usable cores)",
@@ -68,7 +69,7 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--repeat",
-        type=_positive,
+        type=arguments.positive_int,
         default=3,
         metavar="N",
         help="number of timed executions (default: %(default)s)",
@@ -80,20 +81,13 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--seed",
-        type=int,
+        type=arguments.seed,
         default=0,
         metavar="S",
         help="seed of the random inputs (default: %(default)s)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(handler=run)
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def random_operands(config: Config, seed: int) -> tuple[np.ndarray | None, ...]:

@@ -7,6 +7,7 @@ from math import prod
 from typing import Any
 
 from teir.buffers import check_memory
+from teir.cli import arguments
 from teir.errors import ExecutionError
 from teir.tree.parse import TreeError
 
@@ -23,8 +24,8 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--sizes", required=True, metavar="N,N,...", help="the size of every id, in id order"
     )
-    parser.add_argument("--dtype", choices=["f32", "f64", "fp32", "fp64"], default="f32")
-    parser.add_argument("--threads", type=int, default=None, metavar="N")
+    parser.add_argument("--dtype", type=arguments.dtype, choices=arguments.DTYPES, default="f32")
+    parser.add_argument("--threads", type=arguments.positive_int, default=None, metavar="N")
     parser.add_argument(
         "--no-optimize", action="store_true", help="run the tree as written (no rewrites)"
     )
@@ -35,18 +36,26 @@ def add_parser(commands: Any) -> None:
         "--bench", action="store_true", help="time it (best of repeated runs) in GFLOP/s"
     )
     parser.add_argument(
-        "--seconds", type=float, default=1.0, help="time budget for --bench (default: 1.0)"
+        "--seconds",
+        type=arguments.seconds,
+        default=1.0,
+        help="time budget for --bench (default: 1.0)",
     )
     parser.set_defaults(handler=run)
 
 
 def _sizes(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.replace(" ", "").split(",") if part]
-    except ValueError:
-        raise TreeError(
-            f"--sizes {text!r}: give integers separated by commas, e.g. 100,72,128"
-        ) from None
+    parts = [part.strip() for part in text.split(",")]
+    for index, part in enumerate(parts):
+        try:
+            int(part)
+        except ValueError:
+            what = "is empty" if not part else f"({part!r}) is not an integer"
+            raise TreeError(
+                f"--sizes {text!r}: entry {index} {what}; give one integer per id, in id "
+                "order, separated by commas, e.g. 100,72,128"
+            ) from None
+    return [int(part) for part in parts]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,13 +12,15 @@ True
 
 from __future__ import annotations
 
+import numbers
 import threading
 from collections.abc import Sequence
+from math import prod
 from typing import Any
 
 import numpy as np
 
-from teir.buffers import new_result
+from teir.buffers import check_memory, new_result
 from teir.frontend import copy_fallback
 from teir.frontend.direct_call import DirectCall, direct_call
 from teir.frontend.einsum_parse import EinsumError, from_sublists, parse
@@ -616,6 +618,27 @@ def _multi_operand(
     return _returned(result, out)
 
 
+def _shape(index: int, shape: Any) -> tuple[int, ...]:
+    """``shape`` (contract_expression's operand ``index``) as a tuple of sizes of at least 0."""
+    if isinstance(shape, np.ndarray) and shape.ndim != 1:
+        raise EinsumError(
+            f"shape {index} is an array of shape {shape.shape}: contract_expression takes the "
+            f"operands' shapes (here {shape.shape}), not the operands"
+        )
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+        raise EinsumError(
+            f"shape {index} ({shape!r}) is not a sequence of sizes: give a tuple such as "
+            f"({shape!r},) for one dimension"
+        )
+    sizes = list(shape)
+    for size in sizes:
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+            raise EinsumError(f"shape {index} {tuple(sizes)!r} holds {size!r}, not an integer size")
+        if size < 0:
+            raise EinsumError(f"shape {index} {tuple(sizes)!r} holds a negative size ({size})")
+    return tuple(int(size) for size in sizes)
+
+
 class ContractExpression:
     """A compiled einsum for operands of fixed shapes (the opt_einsum convention)."""
 
@@ -633,7 +656,7 @@ class ContractExpression:
         check_order(order)
         self.order = order
         self.subscripts = subscripts
-        self.shapes = tuple(tuple(int(n) for n in shape) for shape in shapes)
+        self.shapes = tuple(_shape(index, shape) for index, shape in enumerate(shapes))
         self.dtype = float_dtype(dtype)
         self.threads = threads
         self.accumulate = accumulate
@@ -646,6 +669,11 @@ class ContractExpression:
         _check_threads(threads)
         _check_flags(accumulate, relu)
         count = threads or default_threads()
+        check_memory(
+            sum(prod(shape) for shape in self.shapes) * self.dtype.itemsize,
+            "operands of these shapes need {size}",
+            "give smaller shapes",
+        )
         if len(self.shapes) <= 2:  # plan now, for C-contiguous operands
             arrays = [np.zeros(shape, self.dtype) for shape in self.shapes]
             self.plan = _plan(subscripts, arrays, None, accumulate, relu, count, order=order)[0]

@@ -92,7 +92,7 @@ def chain_length(plan: Any) -> int:
     if not plan.regions:
         return 0
     nest = plan.regions[0].operation.nest  # the main region (a thin rest may follow)
-    calls = prod(loop.size for loop in nest.loops if loop.dim_type is DimType.K)
+    calls: int = prod(loop.size for loop in nest.loops if loop.dim_type is DimType.K)
     main = nest.main_zero or nest.main
     if main is None or not isinstance(main.spec, BrgemmSpec):
         return calls

@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from teir.errors import TeirError
+
 E = TypeVar("E", bound="TeirEnum")
 
 
@@ -162,6 +164,17 @@ class Tensor(Enum):
     IN0 = 0
     IN1 = 1
     OUT = 2
+
+    @classmethod
+    def of(cls, value: Any) -> Tensor:
+        """``value`` as a Tensor: a member, or its name (``"in0"``, ``"in1"``, ``"out"``)."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str) and value.strip().upper() in cls.__members__:
+            return cls[value.strip().upper()]
+        raise TeirError(
+            f"{value!r} names no tensor: give teir.Tensor.IN0, IN1 or OUT, or 'in0', 'in1' or 'out'"
+        )
 
     @property
     def label(self) -> str:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from teir.errors import ValidationError, Violation
+from teir.errors import TeirError, ValidationError, Violation
 from teir.ir.records import Config, parse_json
 
 PathLike = str | os.PathLike[str]
@@ -66,6 +68,16 @@ def load_all(path: PathLike) -> list[Config]:
     return configs
 
 
-def save(config: Config, path: PathLike) -> None:
-    """Write ``config`` as JSON to ``path`` (``load(path) == config`` afterwards)."""
-    Path(os.fspath(path)).write_text(config.to_json() + "\n", encoding="utf-8")
+def save(config: Config | Sequence[Config], path: PathLike) -> None:
+    """Write ``config`` as JSON to ``path`` (``load(path) == config`` afterwards), or a list
+    of configurations as a JSON list (``load_all(path)`` reads them back)."""
+    if isinstance(config, Config):
+        text = config.to_json()
+    elif isinstance(config, (list, tuple)) and all(isinstance(c, Config) for c in config):
+        text = json.dumps([c.to_dict() for c in config], indent=1)
+    else:
+        raise TeirError(
+            f"save takes a teir.Config or a list of them, not {type(config).__name__}: "
+            "make one with teir.Config.from_dict or teir.load"
+        )
+    Path(os.fspath(path)).write_text(text + "\n", encoding="utf-8")

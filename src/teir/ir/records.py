@@ -81,9 +81,9 @@ class Schedule:
         """D, the number of axes."""
         return len(self.dim_types)
 
-    def strides(self, tensor: Tensor) -> tuple[int, ...]:
-        """The strides of ``tensor`` (in elements)."""
-        return (self.strides_in0, self.strides_in1, self.strides_out)[tensor.value]
+    def strides(self, tensor: Tensor | str) -> tuple[int, ...]:
+        """The strides of ``tensor`` (in elements; ``tensor`` may be named: ``"in0"``)."""
+        return (self.strides_in0, self.strides_in1, self.strides_out)[Tensor.of(tensor).value]
 
     def axis_strides(self, axis: int) -> tuple[int, int, int]:
         """The strides of (in0, in1, out) on ``axis``."""
@@ -107,7 +107,7 @@ class Schedule:
             if t is dim_type and (exec_type is None or e is exec_type)
         )
 
-    def span(self, tensor: Tensor) -> int:
+    def span(self, tensor: Tensor | str) -> int:
         """Elements from the first to one past the last element the strides of ``tensor`` reach."""
         return 1 + sum((n - 1) * s for n, s in zip(self.dim_sizes, self.strides(tensor)))
 
@@ -223,16 +223,18 @@ class Config:
         """True for Copy and unary ReLU: the operation reads in0 and writes out, no in1."""
         return self.prim_main.is_unary
 
-    def uses(self, tensor: Tensor) -> bool:
+    def uses(self, tensor: Tensor | str) -> bool:
         """Whether executing the configuration touches ``tensor`` at all."""
+        tensor = Tensor.of(tensor)
         if tensor is Tensor.OUT:
             return True
         if tensor is Tensor.IN0:
             return self.prim_main is not PrimMain.NONE
         return self.prim_main.is_contraction
 
-    def extent(self, tensor: Tensor) -> int:
-        """Number of elements an array for ``tensor`` must hold (0 when it is not used)."""
+    def extent(self, tensor: Tensor | str) -> int:
+        """Number of elements an array for ``tensor`` (a Tensor or its name, ``"in0"``) must
+        hold (0 when it is not used)."""
         return self.schedule.span(tensor) if self.uses(tensor) else 0
 
     @property

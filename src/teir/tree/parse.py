@@ -14,6 +14,7 @@ Grammar (spaces are ignored)::
 from __future__ import annotations
 
 from collections.abc import Mapping
+from math import prod
 
 from teir.errors import TeirError
 from teir.tree.nodes import Node, NodeKind
@@ -182,7 +183,7 @@ def check_sizes(node: Node, sizes: object) -> tuple[int, ...]:
             f"the tree uses ids {missing} but only {len(values)} sizes were given (ids 0.."
             f"{len(values) - 1}); give one size per id, in id order"
         )
-    return tuple(values)
+    return _within_reach(node, tuple(values))
 
 
 def _mapped_sizes(node: Node, sizes: Mapping[object, object]) -> tuple[int, ...]:
@@ -197,7 +198,20 @@ def _mapped_sizes(node: Node, sizes: Mapping[object, object]) -> tuple[int, ...]
     if missing:
         raise TreeError(f"the tree uses ids {missing}, which sizes does not give; add them")
     count = max([*found, *used], default=-1) + 1
-    return tuple(found.get(i, 1) for i in range(count))
+    return _within_reach(node, tuple(found.get(i, 1) for i in range(count)))
+
+
+def _within_reach(node: Node, sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """``sizes``, if every node's tensor has fewer elements than a 64-bit index reaches."""
+    for n in _all(node):
+        elements = prod(sizes[i] for i in n.ids)
+        if elements >= 1 << 63:
+            ids = ",".join(map(str, n.ids))
+            raise TreeError(
+                f"the node [{ids}] would hold {elements:.3g} elements, beyond what a 64-bit "
+                "index reaches: reduce the sizes of its ids"
+            )
+    return sizes
 
 
 def _size(key: object, size: object) -> int:
