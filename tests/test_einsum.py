@@ -1111,7 +1111,7 @@ def test_fallback_result_is_resident_only_when_it_is_the_callers_out(monkeypatch
     ],
 )
 def test_long_sums_stay_accurate(subscripts, shapes, threads):
-    """FP32 sums of hundreds of thousands to millions of products in [0, 1) stay within 1e-5
+    """FP32 sums of hundreds of thousands to millions of products in [0, 1) stay within 2e-5
     of the exact sum (NumPy: 1e-8 to 5e-6): kernels add each chunk's sum to C rather than
     carrying C through every product, and a plan adding into one element more than
     LONGEST_CHAIN times in a row is cut into parts (before: 6e-3, 1.7e-4 and 1e-4)."""
@@ -1119,7 +1119,7 @@ def test_long_sums_stay_accurate(subscripts, shapes, threads):
     arrays = [rng.random(shape, dtype=np.float32) for shape in shapes]
     exact = np.einsum(subscripts, *[a.astype(np.float64) for a in arrays])
     result = teir.einsum(subscripts, *arrays, threads=threads)
-    assert np.max(np.abs(result - exact) / exact) < 1e-5
+    assert np.max(np.abs(result - exact) / exact) < 2e-5
     plan = teir.einsum_plan(subscripts, *arrays, threads=threads)
     if subscripts == "ij,ij->j":
         assert plan.split is not None and plan.split.chain > LONGEST_CHAIN

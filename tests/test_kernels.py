@@ -97,6 +97,25 @@ def test_every_k_batch_and_beta(dtype, trans_a, trans_b):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_plain_a_with_few_rows_runs_the_mirror_form(dtype):
+    """A plain A (unit stride on M) of a few rows with B stored transposed vectorizes along
+    N, A's elements broadcast (the outer form would fill one lane in 16 for M of 1); up to
+    three blocks of vectors, N tails, K pieces and batches, overwriting and accumulating."""
+    lanes = HOST.lanes(4 if dtype == "f32" else 8)
+    specs = [
+        brgemm_spec(dtype, m, n, k, batch, False, True, beta, pad)
+        for m in (1, 2, 3, lanes // 4 + 1)
+        for n, k, batch in ((lanes, 5, 1), (3 * lanes + 3, 17, 3), (2 * lanes - 1, 40, 2))
+        for beta in (0, 1)
+        for pad in (0, 3)
+    ]
+    assert all(choose_blocking(spec, HOST).form == "mirror" for spec in specs)
+    sweep(specs)
+    wide = brgemm_spec(dtype, lanes, lanes, 8, 1, False, True, 1, 0)
+    assert choose_blocking(wide, HOST).form == "outer"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_batch_chunks_with_beta_zero_overwrite_only_once(dtype):
     # Chunks of the batch: beta 0 must zero C in the first chunk and accumulate afterwards.
     specs, blockings = [], []

@@ -14,6 +14,7 @@ from __future__ import annotations
 from math import prod
 from typing import Any
 
+from teir.codegen.brgemm import mirrors_plain_a
 from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target
 from teir.frontend.lane_plan import lane_spec
@@ -37,9 +38,9 @@ def _fill(extent: int, lanes: int) -> float:
 
 def kernel_efficiency(spec: BrgemmSpec, lanes: int) -> float:
     """Expected fraction of peak of a BRGEMM kernel: vector lanes filled along the vectorized
-    extent (M; N in the mirror form, where A and B are both stored transposed; K in dot
+    extent (M; N in the mirror form, where B is stored transposed and A too or M is short; K in dot
     products), register blocking limited by a thin N, and C traffic amortized over K."""
-    if spec.trans_a and spec.trans_b:
+    if (spec.trans_a and spec.trans_b) or mirrors_plain_a(spec, lanes):
         vectorized = spec.n
     elif spec.trans_a and spec.n < 16:
         vectorized = spec.k

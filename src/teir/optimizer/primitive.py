@@ -64,6 +64,10 @@ def _dummy(dim_type: DimType) -> Axis:
     return Axis(dim_type, 1, (0, 0, 0))
 
 
+# B's rows (the mirror form's vectors) at most this far apart count as near.
+MIRROR_NEAR_BYTES = 4096
+
+
 def _tile_quality(problem: Problem, m: Axis, n: Axis, k: Axis) -> tuple[int, int] | None:
     """How well a GEMM on (m, n, k) maps to a kernel: (form rank, layout rank), or None."""
     axes = [m.with_exec(PRIM), n.with_exec(PRIM), k.with_exec(PRIM)]
@@ -78,11 +82,18 @@ def _tile_quality(problem: Problem, m: Axis, n: Axis, k: Axis) -> tuple[int, int
     form = choose_blocking(op.spec, Target.host()).form
     form_rank = {"outer": 0, "mirror": 1, "dot": 2}[form]
     spec = op.spec
+    layout_rank = int(spec.trans_a) + int(spec.trans_b)
+    if form == "mirror":
+        # vectors from B's rows, its K steps ldb apart: rows within a page first, on a
+        # transposed A or a plain one (FP32 on 2 threads: bdg,bdgh->hd, b 1024, K of g 64
+        # apart 0.50 ms, K of b 6144 apart 0.82; ge,ega->a K 43456 apart 8.0 ms, 112 apart
+        # 1.9; eacfh,haefcb->b 6804000 apart 1.8, 189 apart 1.1)
+        layout_rank = 1 if spec.ldb * spec.itemsize <= MIRROR_NEAR_BYTES else 3
     if {"outer": spec.m, "mirror": spec.n, "dot": spec.k}[form] == 1 < spec.k:
         # one lane of each vector: a K apart in memory with M and N of 1 (a part of ij,ij->
         # cut in two, i 1001 x j 999: 3.1 ms on i, 0.3 ms as dot products along j)
         form_rank = 3
-    return form_rank, int(op.spec.trans_a) + int(op.spec.trans_b)
+    return form_rank, layout_rank
 
 
 def _spread(m: Axis, n: Axis, k: Axis) -> float:
