@@ -45,17 +45,17 @@ def add_parser(commands: Any) -> None:
 
 
 def _sizes(text: str) -> list[int]:
-    parts = [part.strip() for part in text.split(",")]
-    for index, part in enumerate(parts):
+    sizes = []
+    for index, part in enumerate(part.strip() for part in text.split(",")):
         try:
-            int(part)
+            sizes.append(int(part))
         except ValueError:
             what = "is empty" if not part else f"({part!r}) is not an integer"
             raise TreeError(
                 f"--sizes {text!r}: entry {index} {what}; give one integer per id, in id "
                 "order, separated by commas, e.g. 100,72,128"
             ) from None
-    return [int(part) for part in parts]
+    return sizes
 
 
 def run(args: argparse.Namespace) -> int:

@@ -212,11 +212,12 @@ def mirrors_plain_a(spec: BrgemmSpec, lanes: int) -> bool:
     return (
         spec.trans_b
         and not spec.trans_a
-        and _lane_fill(spec.n, lanes) >= MIRROR_FILL_GAIN * _lane_fill(spec.m, lanes)
+        and lane_fill(spec.n, lanes) >= MIRROR_FILL_GAIN * lane_fill(spec.m, lanes)
     )
 
 
-def _lane_fill(extent: int, lanes: int) -> float:
+def lane_fill(extent: int, lanes: int) -> float:
+    """The share of the lanes that ``extent`` elements fill in vectors of ``lanes``."""
     return extent / (-(-extent // lanes) * lanes)
 
 

@@ -43,7 +43,7 @@ from teir.frontend.einsum_plan import (
 from teir.frontend.fallback_call import FallbackCall, RecordedStep, fallback_call
 from teir.frontend.result_layout import check_order, fortran_ordered
 from teir.frontend.split_reduction import (
-    accuracy_parts,
+    LONGEST_CHAIN,
     chain_length,
     plan_split,
     rest_views,
@@ -261,8 +261,8 @@ def _plan(
     one_thread = bool(plan.regions) and all(len(r.operation.slices) == 1 for r in plan.regions)
     if split and plan.canonical is None and not any(plan.reductions):
         chain = chain_length(plan)
-        long_chain = accuracy_parts(chain, threads) > 0
-        if long_chain or one_thread or short_rows(plan, threads) or unbalanced(plan, threads):
+        idle = one_thread or short_rows(plan, threads) or unbalanced(plan, threads)
+        if chain > LONGEST_CHAIN or idle:
             plan.split = plan_split(parsed, arrays, threads, chain)
     _cache(key, (plan, direct, direct_call(plan, inputs, arrays, out, accumulate, relu)))
     return plan, direct

@@ -14,7 +14,7 @@ from __future__ import annotations
 from math import prod
 from typing import Any
 
-from teir.codegen.brgemm import mirrors_plain_a
+from teir.codegen.brgemm import lane_fill, mirrors_plain_a
 from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target
 from teir.frontend.lane_plan import lane_spec
@@ -32,10 +32,6 @@ GENERIC_EFFICIENCY = 0.03
 LANE_EFFICIENCY = 0.8
 
 
-def _fill(extent: int, lanes: int) -> float:
-    return extent / (-(-extent // lanes) * lanes)
-
-
 def kernel_efficiency(spec: BrgemmSpec, lanes: int) -> float:
     """Expected fraction of peak of a BRGEMM kernel: vector lanes filled along the vectorized
     extent (M; N in the mirror form, where B is stored transposed and A too or M is short; K in dot
@@ -47,7 +43,7 @@ def kernel_efficiency(spec: BrgemmSpec, lanes: int) -> float:
     else:
         vectorized = spec.m
     k = spec.k * spec.batch
-    return _fill(vectorized, lanes) * min(1.0, spec.n / 4) * (k / (k + 2))
+    return lane_fill(vectorized, lanes) * min(1.0, spec.n / 4) * (k / (k + 2))
 
 
 def _elements(fields: dict[str, Any], strides: str) -> int:
@@ -69,7 +65,7 @@ def contraction_cost(fields: dict[str, Any], threads: int) -> float:
     if main is None or not isinstance(main.spec, BrgemmSpec):
         lanes_spec = lane_spec(fields, threads, Target.host()) if main is not None else None
         if lanes_spec is not None:  # teir.einsum's plan runs it as a lane-batched contraction
-            fill = _fill(lanes_spec.batch, lanes_spec.lanes)
+            fill = lane_fill(lanes_spec.batch, lanes_spec.lanes)
             return flops / (LANE_EFFICIENCY * fill)
         return flops / GENERIC_EFFICIENCY
     spec = main.spec

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
+from teir.codegen.brgemm import lane_fill
 from teir.codegen.generic import GenericAxis, GenericSpec
 from teir.codegen.specs import BrgemmSpec, KernelError, UnaryOp, UnarySpec
 from teir.codegen.target import Target, cache_sizes, l3_share
@@ -158,10 +159,9 @@ def _brgemm(
     # that fills more vector lanes, e.g. a dot product (m = 1) vectorizes along K.
     lanes = Target.host().lanes(config.data_type.itemsize)
 
-    def filled(extent: int) -> float:
-        return extent / (-(-extent // lanes) * lanes)
-
-    a_layouts.sort(key=lambda layout: -(filled(k) * 0.9 if layout[0] else filled(m)))
+    a_layouts.sort(
+        key=lambda layout: -(lane_fill(k, lanes) * 0.9 if layout[0] else lane_fill(m, lanes))
+    )
     for trans_a, lda in a_layouts:
         for trans_b, ldb in b_layouts:
             if 0 in (lda, ldb, ldc):
