@@ -765,3 +765,65 @@ def test_panel_rows_shrink_at_most_to_half_the_block(monkeypatch):
     assert primitive._panel_rows(Axis(teir.DimType.N, 1600, (0, 1, 1)), 80, k, 1600, 8, 8) == 40
     # a block that fits stays
     assert primitive._panel_rows(row, 16, k, 4096, 8, 8) == 16
+
+
+def _scaled_transpose(rows: int, columns: int) -> dict:
+    """``ij,i->ji``: in0's unit stride on j, the output's on i (one-element kernels)."""
+    return {
+        "data_type": "FP32",
+        "prim_main": "GEMM",
+        "dim_types": ["C", "M"],
+        "exec_types": ["seq"] * 2,
+        "dim_sizes": [rows, columns],
+        "strides_in0": [columns, 1],
+        "strides_in1": [1, 0],
+        "strides_out": [1, rows],
+    }
+
+
+def _loops(config: teir.Config) -> list[tuple[int, int, int]]:
+    """(size, in0 stride, out stride) of each loop, outermost first."""
+    s = config.schedule
+    return [
+        (n, a, o)
+        for n, a, o, e in zip(s.dim_sizes, s.strides_in0, s.strides_out, s.exec_types)
+        if e is not teir.ExecType.PRIM
+    ]
+
+
+@pytest.mark.parametrize(("rows", "columns"), [(2048, 640), (2048, 97), (4, 5)])
+def test_elementwise_products_follow_both_tensors_memory_order(rows, columns):
+    """A permuted elementwise product (one-element kernels, no K loop) whose output-order
+    loops would lose in0's cache lines runs in blocks: in0's next elements innermost, the
+    output's next around them; a unit-stride extent with no block (97) goes outside the
+    output's run (each step would write another page); small ones keep the output's order."""
+    data = _scaled_transpose(rows, columns)
+    config, log = teir.optimize_with_log(data, threads=2)
+    loops = _loops(config)
+    if rows * columns < 1000:
+        assert "elementwise" not in log[3], log
+        assert loops[-1][2] == 1  # the output's unit stride innermost
+    elif columns == 97:
+        assert "97 of them in no blocks" in log[3], log
+        assert loops[-1][2] == 1 and loops[-2] == (columns, 1, rows)
+    else:
+        assert "elementwise: in0's next elements innermost" in log[3], log
+        assert loops[-1][1] == 1 and 4 <= loops[-1][0] <= 16  # in0 in short runs
+        assert loops[-2][2] == 1 and 16 <= loops[-2][0] <= 64  # the output's run outside
+    assert [size_products(config)[t] for t in teir.DimType] == [rows, columns, 1, 1]
+    a = RNG.standard_normal((rows, columns)).astype(np.float32)
+    b = RNG.standard_normal(rows).astype(np.float32)
+    c = np.zeros((columns, rows), np.float32)  # GEMM adds to it
+    teir.compile(config, threads=2)(a, b, c)
+    np.testing.assert_allclose(c, (a * b[:, None]).T, rtol=1e-6)
+
+
+def test_elementwise_order_reads_the_larger_input_in_runs():
+    """Where in1 is the large input (``dc,bcda->abcd``), its unit stride is the one read in
+    runs, and the result equals NumPy's."""
+    a = RNG.standard_normal((48, 20)).astype(np.float32)
+    b = RNG.standard_normal((24, 20, 48, 64)).astype(np.float32)
+    plan = teir.einsum_plan("dc,bcda->abcd", a, b, threads=2)
+    assert "elementwise: in1's next elements innermost" in plan.explain()
+    result = teir.einsum("dc,bcda->abcd", a, b, threads=2)
+    np.testing.assert_allclose(result, np.einsum("dc,bcda->abcd", a, b), rtol=1e-6)
