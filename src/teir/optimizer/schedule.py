@@ -25,8 +25,9 @@ LINE_BYTES = 64
 
 def reorder(problem: Problem) -> tuple[Problem, str]:
     """Loops: C/M/N loops outside (largest output stride first, so consecutive iterations
-    touch neighbouring output tiles and reuse the input block the inner loop shares), K loops
-    innermost (an output tile stays in cache while it is accumulated). Copies and ReLUs
+    touch neighbouring output tiles and reuse the input block the inner loop shares; one
+    that steps a large input within its cache lines innermost of them), K loops innermost
+    (an output tile stays in cache while it is accumulated). Copies and ReLUs
     that read in0 follow both tensors' memory order instead (``_copy_order``), and so do
     elementwise products (one-element kernels, no K loop) where the first order would lose
     a tensor's cache lines before their next elements are used."""
@@ -40,6 +41,8 @@ def reorder(problem: Problem) -> tuple[Problem, str]:
     )
     inner = [a for a in loops if a.dim_type is DimType.K and a.panel_of is None]
     stepping = [a for a in loops if a.dim_type is DimType.K and a.panel_of is not None]
+    if not stepping:
+        outer = _line_sharing_innermost(outer, problem)
     ordered = outer + stepping + inner
     if stepping:
         # each K step's packed panel is reused by the loop that does not move it, innermost
@@ -65,6 +68,32 @@ def reorder(problem: Problem) -> tuple[Problem, str]:
             ordered, note = _element_order(outer, read)
     text = "loops " + (", ".join(f"{a.dim_type.value}{a.size}" for a in ordered) or "none") + note
     return problem.with_axes(ordered + prims), text
+
+
+def _line_sharing_innermost(loops: list[Axis], problem: Problem) -> list[Axis]:
+    """The loops with the one that steps an input by less than a cache line moved innermost,
+    where each call of the kernel reads more of that input than L1 holds: consecutive
+    iterations then read the same lines while they are still in L2, instead of once per
+    pass of the loops inside it (echg,gceh->ge c 256 e 112 g 16 h 64, in0's unit stride on
+    the C axis g outermost: in0 read 16 times from memory, FP32 61 -> 31 ms, FP64 138 ->
+    72; 3 of 1662 random einsums change, 0.8-1.0x time)."""
+    itemsize = problem.primitives.data_type.itemsize
+    l1 = cache_sizes()["L1"]
+
+    def steps_within_a_line(axis: Axis) -> int | None:
+        distances = [
+            abs(axis.stride(t))
+            for t in (Tensor.IN0, Tensor.IN1)
+            if 0 < abs(axis.stride(t)) * itemsize < LINE_BYTES
+            and _operand_tile_bytes(problem, t) > l1
+        ]
+        return min(distances, default=None)
+
+    sharing = [(d, i) for i, a in enumerate(loops) if (d := steps_within_a_line(a)) is not None]
+    if not sharing:
+        return loops
+    _, index = min(sharing)
+    return [*loops[:index], *loops[index + 1 :], loops[index]]
 
 
 def _summed_along_the_output(loops: list[Axis], prims: list[Axis]) -> bool:
