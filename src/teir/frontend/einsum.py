@@ -262,7 +262,7 @@ def _plan(
     if split and plan.canonical is None and not any(plan.reductions):
         chain = chain_length(plan)
         idle = one_thread or short_rows(plan, threads) or unbalanced(plan, threads)
-        if chain > LONGEST_CHAIN or idle:
+        if chain > LONGEST_CHAIN[arrays[0].itemsize] or idle:
             plan.split = plan_split(parsed, arrays, threads, chain)
     _cache(key, (plan, direct, direct_call(plan, inputs, arrays, out, accumulate, relu)))
     return plan, direct

@@ -44,7 +44,11 @@ SPLIT_LEAST_PARTS = 2
 # chains of products in [0, 1), worst of 8: 2^16 additions relative error 4e-6, 2^18 1.7e-5,
 # 2^20 1.6e-4). Each cut costs: FP32 fd,df-> 3104 x 2048 on 2 threads (a chain of 6.4M)
 # 4.2-4.5 ms whole (error 1.4e-3), 4.6-5.5 ms in 26 parts (1e-5), 5.0-5.7 in 98 (2e-6).
-LONGEST_CHAIN = 1 << 18
+# 2^16 against 2^18 (alternating processes, 3 rounds): ij,ij->j 10^6 x 4 error 4.9e-5 ->
+# 7e-6 at the same time, fd,df-> 1.3e-5 -> 1.1e-6 and 4.5-4.9 -> 3.8-4.3 ms, abe,eba->a
+# (12 x 1000 x 1000) 13.0-13.6 -> 16.6-16.7 ms (NumPy 50). FP64 chains of 2^18 err by about
+# 1e-14, where cuts would only cost time. By the element size in bytes:
+LONGEST_CHAIN = {4: 1 << 16, 8: 1 << 18}
 
 
 @dataclass(frozen=True)
@@ -109,12 +113,14 @@ def chain_length(plan: Any) -> int:
     return calls * spec.batch * spec.k  # C carried through the pieces' products
 
 
-def accuracy_parts(chain: int, threads: int) -> int:
-    """How many parts a reduction of ``chain`` additions in a row must be cut into for none
-    to be longer than ``LONGEST_CHAIN`` (a multiple of ``threads``), or 0 if it need not be."""
-    if chain <= LONGEST_CHAIN:
+def accuracy_parts(chain: int, threads: int, itemsize: int) -> int:
+    """How many parts a reduction of ``chain`` additions in a row of ``itemsize``-byte
+    elements must be cut into for none to be longer than ``LONGEST_CHAIN`` (a multiple of
+    ``threads``), or 0 if it need not be."""
+    longest = LONGEST_CHAIN[itemsize]
+    if chain <= longest:
         return 0
-    return threads * -(-chain // (threads * LONGEST_CHAIN))
+    return threads * -(-chain // (threads * longest))
 
 
 def unbalanced(plan: Any, threads: int) -> bool:
@@ -164,7 +170,7 @@ def plan_split(
     no K label divides between ``threads`` or the work is too small to share. ``chain``
     (the plan's :func:`chain_length`), where :func:`accuracy_parts` asks for parts: into
     those, whatever the work and the threads."""
-    parts = accuracy_parts(chain, threads)
+    parts = accuracy_parts(chain, threads, arrays[0].itemsize) if arrays else 0
     accuracy = parts > 0
     if len(arrays) != 2 or (threads < 2 and not accuracy):
         return None
