@@ -3,8 +3,10 @@
 Calling it checks the leaves, then runs the nodes in post-order on raw addresses: no
 allocation but the result (none with ``out=``). A node may run in slabs of another order
 through arena bytes free at its step (:mod:`teir.tree.slabs`). Documented exceptions: a leaf
-that is not laid out as compiled is copied first, and a node that sums an id of one operand
-only (einsum semantics) reduces it with NumPy first.
+that is not laid out as compiled is copied first, a node that sums an id of one operand
+only (einsum semantics) reduces it with NumPy first, and a node that would add into each
+element more than ``LONGEST_CHAIN`` times in a row runs through ``teir.einsum``, which cuts
+the sum into parts in its scratch buffer (semantics decision 8).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from teir.frontend.einsum_plan import (
     outer_untransposed,
     placeholder,
 )
+from teir.frontend.split_reduction import LONGEST_CHAIN, chain_length
 from teir.ir.layout import is_injective
 from teir.kernels.arrays import data_address
 from teir.runtime.arguments import as_array
@@ -53,8 +56,9 @@ class Step:
     node: Node
     inputs: tuple[Slot, ...]
     output: Slot
-    plan: Plan | None  # None: run through teir.einsum (a node that sums lonely ids)
+    plan: Plan | None  # None: run through teir.einsum, for the reason below
     slabs: Slabs | None = None  # set: runs in slabs of another order instead of ``plan``
+    reason: str = ""  # why teir.einsum runs it (plan None)
 
 
 def _mib(nbytes: int) -> str:
@@ -158,12 +162,12 @@ class CompiledTree:
         self, node: Node, inputs: tuple[Slot, ...], output: Slot, room: tuple[int, int]
     ) -> Step:
         if lonely_ids(node):
-            return Step(node, inputs, output, None)
+            return Step(node, inputs, output, None, reason="it sums an id of one operand")
         root = output.kind == RESULT
         if root and self.accumulate and len(node.children) == 1:
             # A Copy overwrites its output: teir.einsum adds the permuted root through a
             # temporary instead.
-            return Step(node, inputs, output, None)
+            return Step(node, inputs, output, None, reason="a Copy would overwrite out=")
         arrays = [self._view(c, s) for c, s in zip(node.children, inputs)]
         plan, _ = make_plan(
             subscripts(node),
@@ -177,7 +181,19 @@ class CompiledTree:
         )
         if plan.canonical is not None or plan.empty or any(plan.reductions):
             # not expected after legalize; teir.einsum handles it correctly
-            return Step(node, inputs, output, None)
+            return Step(node, inputs, output, None, reason="it has a size 0 or needs copies")
+        chain = chain_length(plan)
+        if chain > LONGEST_CHAIN[self.dtype.itemsize]:
+            # teir.einsum cuts the sum into parts (semantics decision 8), through its scratch
+            # buffer: ij,ij,j->j 10^6 x 4 FP32 erred by 3.6e-4 in one chain
+            return Step(
+                node,
+                inputs,
+                output,
+                None,
+                reason=f"it adds {chain} times in a row into each element; teir.einsum cuts "
+                "that into parts, for accuracy",
+            )
         slabs = None
         if (
             len(node.children) == 2
@@ -343,9 +359,7 @@ class CompiledTree:
                 f"{_mib(node.elements(self.sizes) * self.dtype.itemsize)} in {where}"
             )
             if step.plan is None:
-                lines.append(
-                    "# runs through teir.einsum (it sums an id of one operand, or has a size 0)"
-                )
+                lines.append(f"# runs through teir.einsum: {step.reason}")
             elif step.slabs is not None:
                 identified = [x for x in step.plan.log if x.startswith("identify primitive")]
                 lines.append(
