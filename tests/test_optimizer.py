@@ -842,3 +842,17 @@ def test_loop_stepping_within_an_inputs_lines_runs_innermost():
     exact = np.einsum("echg,gceh->ge", a.astype(np.float64), b.astype(np.float64))
     # sums of 16384 products of magnitude ~1: FP32 rounding leaves ~1e-5 of their ~128
     np.testing.assert_allclose(result, exact, rtol=1e-4, atol=5e-3)
+
+
+@pytest.mark.parametrize(("d", "blocked"), [(256, True), (8, False)])
+def test_rows_read_pages_apart_run_in_blocks(d, blocked):
+    """``d,dga->gda``: each kernel call scales a row of 136 elements of in1, and the loops in
+    the output's order step in1 a page or more per iteration while its next rows lie along
+    the outer loop. Beyond L2 (d 256: 8.5 MiB) the loops run in blocks, in1's next rows
+    innermost; a small in1 keeps the output's order."""
+    x = RNG.standard_normal(d).astype(np.float32)
+    y = RNG.standard_normal((d, 64, 136)).astype(np.float32)
+    text = teir.einsum_plan("d,dga->gda", x, y, threads=2).explain()
+    assert ("scattered rows: in1's next tiles innermost" in text) == blocked, text
+    result = teir.einsum("d,dga->gda", x, y, threads=2)
+    np.testing.assert_allclose(result, np.einsum("d,dga->gda", x, y), rtol=1e-6)
