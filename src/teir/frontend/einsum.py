@@ -43,8 +43,8 @@ from teir.frontend.einsum_plan import (
 from teir.frontend.fallback_call import FallbackCall, RecordedStep, fallback_call
 from teir.frontend.result_layout import check_order, fortran_ordered
 from teir.frontend.split_reduction import (
-    LONGEST_CHAIN,
     chain_length,
+    chain_too_long,
     plan_split,
     rest_views,
     short_rows,
@@ -262,7 +262,7 @@ def _plan(
     if split and plan.canonical is None and not any(plan.reductions):
         chain = chain_length(plan)
         idle = one_thread or short_rows(plan, threads) or unbalanced(plan, threads)
-        if chain > LONGEST_CHAIN[arrays[0].itemsize] or idle:
+        if chain_too_long(chain, arrays[0].itemsize) or idle:
             plan.split = plan_split(parsed, arrays, threads, chain)
     _cache(key, (plan, direct, direct_call(plan, inputs, arrays, out, accumulate, relu)))
     return plan, direct

@@ -113,14 +113,19 @@ def chain_length(plan: Any) -> int:
     return calls * spec.batch * spec.k  # C carried through the pieces' products
 
 
+def chain_too_long(chain: int, itemsize: int) -> bool:
+    """Whether ``chain`` additions in a row of ``itemsize``-byte elements must be cut into
+    parts (``LONGEST_CHAIN``)."""
+    return chain > LONGEST_CHAIN[itemsize]
+
+
 def accuracy_parts(chain: int, threads: int, itemsize: int) -> int:
     """How many parts a reduction of ``chain`` additions in a row of ``itemsize``-byte
     elements must be cut into for none to be longer than ``LONGEST_CHAIN`` (a multiple of
     ``threads``), or 0 if it need not be."""
-    longest = LONGEST_CHAIN[itemsize]
-    if chain <= longest:
+    if not chain_too_long(chain, itemsize):
         return 0
-    return threads * -(-chain // (threads * longest))
+    return threads * -(-chain // (threads * LONGEST_CHAIN[itemsize]))
 
 
 def unbalanced(plan: Any, threads: int) -> bool:

@@ -35,8 +35,8 @@ def reorder(problem: Problem) -> tuple[Problem, str]:
     that steps a large input within its cache lines innermost of them), K loops innermost
     (an output tile stays in cache while it is accumulated). Copies and ReLUs
     that read in0 follow both tensors' memory order instead (``_copy_order``), and so do
-    elementwise products (one-element kernels, no K loop) where the first order would lose
-    a tensor's cache lines before their next elements are used."""
+    products without K loops where the first order would lose a tensor's cache lines or
+    pages before their next elements are used (``_product_order``)."""
     loops = [a for a in problem.axes if a.exec_type is not ExecType.PRIM]
     prims = [a for a in problem.axes if a.exec_type is ExecType.PRIM]
     if _summed_along_the_output(loops, prims):
@@ -63,23 +63,39 @@ def reorder(problem: Problem) -> tuple[Problem, str]:
         ordered = _copy_order(outer, Tensor.IN0, COPY_BLOCK, COPY_BLOCK)
         if len(ordered) > 1:
             note = " (copy: in0's next rows innermost, the output's next columns outside them)"
-    elif (
-        not inner
-        and not stepping
-        and all(a.size == 1 for a in prims)
-        and _bytes_between_reuse(ordered, problem) > cache_sizes()["L1"]
-    ):
-        read = max((Tensor.IN0, Tensor.IN1), key=lambda t: _elements(outer, t))
-        if _unit_loop(outer, read).size >= READ_ELEMENTS // 2:
-            ordered, note = _element_order(outer, read)
-    elif not inner and not stepping and (scattered := _scattered_reads(outer, prims, problem)):
-        ordered = _copy_order(outer, scattered, TILE_BLOCK, TILE_BLOCK)
-        note = (
-            f" (scattered rows: {scattered.name.lower()}'s next tiles innermost, the output's"
-            " next outside them)"
-        )
+    elif not inner and not stepping:
+        ordered, note = _product_order(outer, prims, problem)
     text = "loops " + (", ".join(f"{a.dim_type.value}{a.size}" for a in ordered) or "none") + note
     return problem.with_axes(ordered + prims), text
+
+
+def _product_order(
+    loops: list[Axis], prims: list[Axis], problem: Problem
+) -> tuple[list[Axis], str]:
+    """The loops of a product without K loops, and a note on why they moved: one-element
+    kernels whose loops would pass more than L1 of a tensor's lines between uses of one in
+    ``_element_order``, kernels reading the large input's rows pages apart in
+    ``_copy_order``'s blocks (``_scattered_reads``), others as they are."""
+    read, _ = _larger_input(loops)
+    one_element = all(a.size == 1 for a in prims)
+    if one_element and _bytes_between_reuse(loops, problem) > cache_sizes()["L1"]:
+        if _unit_loop(loops, read).size >= READ_ELEMENTS // 2:
+            return _element_order(loops, read)
+        return loops, ""
+    scattered = _scattered_reads(loops, prims, problem)
+    if scattered is None:
+        return loops, ""
+    return _copy_order(loops, scattered, TILE_BLOCK, TILE_BLOCK), (
+        f" (scattered rows: {scattered.name.lower()}'s next tiles innermost, the output's"
+        " next outside them)"
+    )
+
+
+def _larger_input(loops: list[Axis]) -> tuple[Tensor, Tensor]:
+    """The input the loops reach more elements of, then the other (in0 first on ties)."""
+    if _elements(loops, Tensor.IN1) > _elements(loops, Tensor.IN0):
+        return Tensor.IN1, Tensor.IN0
+    return Tensor.IN0, Tensor.IN1
 
 
 def _line_sharing_innermost(loops: list[Axis], problem: Problem) -> list[Axis]:
@@ -130,7 +146,7 @@ def _scattered_reads(loops: list[Axis], prims: list[Axis], problem: Problem) -> 
     (a prime count of them: gacb,b->cabg FP64 0.77 -> 0.94 ms)."""
     if len(loops) < 2 or any(a.size > 1 for a in prims if a.dim_type is DimType.K):
         return None
-    read, other = sorted((Tensor.IN0, Tensor.IN1), key=lambda t: -_elements(loops, t))
+    read, other = _larger_input(loops)
     itemsize = problem.primitives.data_type.itemsize
     large = _elements(loops, read) * _tile_elements(prims, read) * itemsize
     if (

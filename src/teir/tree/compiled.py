@@ -29,7 +29,7 @@ from teir.frontend.einsum_plan import (
     outer_untransposed,
     placeholder,
 )
-from teir.frontend.split_reduction import LONGEST_CHAIN, chain_length
+from teir.frontend.split_reduction import chain_length, chain_too_long
 from teir.ir.layout import is_injective
 from teir.kernels.arrays import data_address
 from teir.runtime.arguments import as_array
@@ -183,7 +183,7 @@ class CompiledTree:
             # not expected after legalize; teir.einsum handles it correctly
             return Step(node, inputs, output, None, reason="it has a size 0 or needs copies")
         chain = chain_length(plan)
-        if chain > LONGEST_CHAIN[self.dtype.itemsize]:
+        if chain_too_long(chain, self.dtype.itemsize):
             # teir.einsum cuts the sum into parts (semantics decision 8), through its scratch
             # buffer: ij,ij,j->j 10^6 x 4 FP32 erred by 3.6e-4 in one chain
             return Step(
