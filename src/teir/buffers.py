@@ -148,14 +148,23 @@ def new_strides(
 
 
 def new_result(
-    shape: tuple[int, ...], dtype: Any, memory_order: tuple[int, ...] | None = None
+    shape: tuple[int, ...],
+    dtype: Any,
+    memory_order: tuple[int, ...] | None = None,
+    aligned: bool = True,
 ) -> np.ndarray:
-    """A new 64-byte-aligned array of ``shape`` whose axes lie in memory in ``memory_order``
-    (outermost first; None: C order), as a view in ``shape``'s axis order."""
+    """A new array of ``shape`` whose axes lie in memory in ``memory_order`` (outermost first;
+    None: C order), as a view in ``shape``'s axis order; 64-byte aligned unless ``aligned``
+    is false (``np.empty``'s alignment: a small result's call costs less)."""
+    empty = aligned_empty if aligned else np.empty
     if memory_order is None:
-        return aligned_empty(shape, dtype)
-    base = aligned_empty(tuple(shape[axis] for axis in memory_order), dtype)
-    view: np.ndarray = base.transpose(np.argsort(memory_order))
+        return empty(shape, dtype)
+    # the inverse permutation in Python: np.argsort costs ~2 us a call
+    axes = [0] * len(memory_order)
+    for place, axis in enumerate(memory_order):
+        axes[axis] = place
+    base = empty(tuple(shape[axis] for axis in memory_order), dtype)
+    view: np.ndarray = base.transpose(axes)
     return view
 
 

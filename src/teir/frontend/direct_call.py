@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from teir.buffers import aligned_empty, new_result, new_strides
+from teir.buffers import new_result, new_strides
 from teir.frontend.einsum_parse import numpy_subscripts
 from teir.frontend.einsum_plan import Operand, Plan, operand, sum_out
 from teir.kernels.arrays import data_address, overlaps
@@ -58,10 +58,7 @@ class DirectCall:
 
     def new_result(self) -> np.ndarray:
         """A result for a call without out, laid out as planned."""
-        shape, order = self.plan.out_shape, self.plan.memory_order
-        if order is not None:
-            return new_result(shape, self.dtype, order)
-        return aligned_empty(shape, self.dtype) if self.aligned else np.empty(shape, self.dtype)
+        return new_result(self.plan.out_shape, self.dtype, self.plan.memory_order, self.aligned)
 
     def fast(self, operands: tuple[np.ndarray, ...], out: np.ndarray | None) -> Any:
         """The result through the checked call, or None where it fell back (any array not
@@ -87,7 +84,7 @@ class DirectCall:
         address = data_address(first)
         other = data_address(last) if len(operands) == 2 else 0
         if out is None:
-            result = new_result(self.plan.out_shape, dtype, self.plan.memory_order)
+            result = self.new_result()
             out_address = data_address(result)
         else:
             if not out.flags.writeable:
