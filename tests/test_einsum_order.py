@@ -70,6 +70,20 @@ def test_k_lays_out_a_small_result_of_large_operands():
     np.testing.assert_allclose(result, np.einsum(subscripts, a, b), rtol=1e-12, atol=1e-12)
 
 
+def test_k_lays_out_sums_whose_listed_result_leaves_one_lane_per_kernel():
+    # listed, the result's unit stride (g) lies along neither input's: each element is a
+    # one-by-one kernel tile, one chain of FMAs over K read with stride 1600 (0.59 ms); laid
+    # out hg, the inputs' unit stride h is the result's too (0.09 ms)
+    subscripts = "fdgh,fgdh->hg"
+    rng = np.random.default_rng(4)
+    a, b = rng.uniform(-1, 1, (8, 63, 25, 32)), rng.uniform(-1, 1, (8, 25, 63, 32))
+    a, b = a.astype(np.float32), b.astype(np.float32)
+    result = teir.einsum(subscripts, a, b)
+    assert not result.flags.c_contiguous
+    expected = np.einsum(subscripts, a.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_allclose(result, expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("count", [1, 2, 3])
 def test_f_and_a_orders(count):
     subscripts = {1: "ijk->kji", 2: "ijk,kl->jil", 3: "ij,jk,kl->li"}[count]

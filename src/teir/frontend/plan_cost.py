@@ -30,12 +30,18 @@ GENERIC_EFFICIENCY = 0.03
 # about this fraction of peak, times the fraction of its lanes the batch fills (96^3 x 32:
 # 0.80-0.85 on 2 threads, packing included).
 LANE_EFFICIENCY = 0.8
+# A single chain of dependent FMAs runs at this fraction of their throughput (a latency of
+# 4 cycles on 2 ports): a one-by-one tile's kernel. Priced at 1/4 (a thin N's), results laid
+# out for one-lane kernels kept them (FP32 2 threads: echg,echg->ge 3.2 -> 0.27 ms laid out
+# eg, kab,kab->ba 18 -> 0.92 ms; no plan of 2950 random einsums changes).
+ONE_CHAIN = 1 / 8
 
 
 def kernel_efficiency(spec: BrgemmSpec, lanes: int) -> float:
     """Expected fraction of peak of a BRGEMM kernel: vector lanes filled along the vectorized
     extent (M; N in the mirror form, where B is stored transposed and A too or M is short; K in dot
-    products), register blocking limited by a thin N, and C traffic amortized over K."""
+    products), register blocking limited by a thin N (a one-by-one tile to one chain of FMAs),
+    and C traffic amortized over K."""
     if (spec.trans_a and spec.trans_b) or mirrors_plain_a(spec, lanes):
         vectorized = spec.n
     elif spec.trans_a and spec.n < 16:
@@ -43,7 +49,9 @@ def kernel_efficiency(spec: BrgemmSpec, lanes: int) -> float:
     else:
         vectorized = spec.m
     k = spec.k * spec.batch
-    return lane_fill(vectorized, lanes) * min(1.0, spec.n / 4) * (k / (k + 2))
+    # a one-by-one tile sums into one accumulator: each step waits for the last FMA
+    blocking = ONE_CHAIN if spec.m == spec.n == 1 else min(1.0, spec.n / 4)
+    return lane_fill(vectorized, lanes) * blocking * (k / (k + 2))
 
 
 def _elements(fields: dict[str, Any], strides: str) -> int:
