@@ -204,6 +204,11 @@ def _chunk_within(batch: int, chunk: int, limit: int) -> int:
     return max(d for d in range(1, max(1, min(chunk, limit)) + 1) if batch % d == 0)
 
 
+# A plain A runs the mirror form where N fills at least this many times the share of the
+# vector lanes that M fills (see mirrors_plain_a).
+MIRROR_FILL_GAIN = 2.0
+
+
 def mirrors_plain_a(spec: BrgemmSpec, lanes: int) -> bool:
     """Whether a plain A (unit stride on M) runs the mirror form: B stored transposed (unit
     stride on N) and N filling at least twice the share of its vectors that M fills of the
@@ -219,10 +224,6 @@ def mirrors_plain_a(spec: BrgemmSpec, lanes: int) -> bool:
 def lane_fill(extent: int, lanes: int) -> float:
     """The share of the lanes that ``extent`` elements fill in vectors of ``lanes``."""
     return extent / (-(-extent // lanes) * lanes)
-
-
-# ... by at least this factor.
-MIRROR_FILL_GAIN = 2.0
 
 
 def b_steps_far_apart(spec: BrgemmSpec) -> bool:

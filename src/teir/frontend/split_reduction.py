@@ -175,9 +175,11 @@ def plan_split(
     no K label divides between ``threads`` or the work is too small to share. ``chain``
     (the plan's :func:`chain_length`), where :func:`accuracy_parts` asks for parts: into
     those, whatever the work and the threads."""
-    parts = accuracy_parts(chain, threads, arrays[0].itemsize) if arrays else 0
+    if len(arrays) != 2:
+        return None
+    parts = accuracy_parts(chain, threads, arrays[0].itemsize)
     accuracy = parts > 0
-    if len(arrays) != 2 or (threads < 2 and not accuracy):
+    if threads < 2 and not accuracy:
         return None
     parts = parts or threads
     sizes: dict[str, int] = {}

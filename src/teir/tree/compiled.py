@@ -376,9 +376,6 @@ def result_bytes(tree: CompiledTree) -> int:
     return prod(tree.out_shape) * int(tree.dtype.itemsize)
 
 
-__all__ = ["CompiledTree"]
-
-
 def _laid_out(array: np.ndarray, strides: Sequence[int]) -> np.ndarray:
     """A copy of ``array`` with the element ``strides`` the tree was compiled for (a leaf
     compiled as a diagonal of a square operand lies n + 1 elements apart, not 1)."""
@@ -398,3 +395,6 @@ def _laid_out(array: np.ndarray, strides: Sequence[int]) -> np.ndarray:
     )
     copy[...] = array
     return copy
+
+
+__all__ = ["CompiledTree"]
