@@ -135,6 +135,46 @@ def relayout_affordable(plan: Plan, inputs: list[Operand], orders: Orders) -> bo
     return copied <= SCRATCH_LIMIT_BYTES and flops >= RELAYOUT_FLOPS_PER_COPIED * elements
 
 
+def _uncopied_target(plan: Plan, out: np.ndarray | None) -> np.ndarray | None:
+    """Where a result that is not copied is written: ``out``, or a stand-in for a new
+    result; None where it cannot be (an out with negative strides)."""
+    if out is None:
+        return placeholder(plan.out_shape, None, plan.dtype)
+    return out if all(s >= 0 for s in out.strides) else None
+
+
+def _contraction(
+    plan: Plan,
+    inputs: list[Operand],
+    orders: Orders,
+    target: np.ndarray | None,
+    plan_step: PlanStep,
+) -> Plan | None:
+    """The plan of the contraction on the copies ``orders`` makes (None: its result would
+    go where it cannot, see ``_uncopied_target``)."""
+    sizes = label_sizes(inputs, plan.subscripts.output)
+    letters, _ = terms(orders, _own_labels(plan, inputs))
+    subscripts = f"{letters[0]},{letters[1]}->{letters[2]}"
+    arrays = [
+        operand_view(op, sizes)
+        if order is None
+        else placeholder([sizes[x] for x in order], None, plan.dtype)
+        for op, order in zip(inputs, orders[:2])
+    ]
+    if orders[2] is not None:
+        copy = placeholder([sizes[x] for x in orders[2]], None, plan.dtype)
+        return plan_step(subscripts, arrays, copy, False)
+    return None if target is None else plan_step(subscripts, arrays, target, True)
+
+
+def copies_planned(
+    plan: Plan, inputs: list[Operand], out: np.ndarray | None, plan_step: PlanStep, orders: Orders
+) -> Plan | None:
+    """The plan of the contraction on the copies ``orders`` makes, chosen elsewhere
+    (``element_layout``); None where its result cannot be written in place."""
+    return _contraction(plan, inputs, orders, _uncopied_target(plan, out), plan_step)
+
+
 def choose(
     plan: Plan,
     inputs: list[Operand],
@@ -154,25 +194,10 @@ def choose(
     assert plan.canonical is not None
     full = plan.canonical
     sizes = label_sizes(inputs, plan.subscripts.output)
-    own = _own_labels(plan, inputs)
-    views = [operand_view(op, sizes) for op in inputs]
-    target: np.ndarray | None = None  # where an uncopied result goes (None: it cannot)
-    if out is not None and all(s >= 0 for s in out.strides):
-        target = out
-    elif out is None:
-        target = placeholder(plan.out_shape, None, plan.dtype)
+    target = _uncopied_target(plan, out)
 
     def contraction(orders: Orders) -> Plan | None:
-        letters, _ = terms(orders, own)
-        subscripts = f"{letters[0]},{letters[1]}->{letters[2]}"
-        arrays = [
-            view if order is None else placeholder([sizes[x] for x in order], None, plan.dtype)
-            for view, order in zip(views, orders[:2])
-        ]
-        if orders[2] is not None:
-            copy = placeholder([sizes[x] for x in orders[2]], None, plan.dtype)
-            return plan_step(subscripts, arrays, copy, False)
-        return None if target is None else plan_step(subscripts, arrays, target, True)
+        return _contraction(plan, inputs, orders, target, plan_step)
 
     everything = contraction(full)
     assert everything is not None

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from teir.buffers import check_memory, new_result
-from teir.frontend import copy_fallback
+from teir.frontend import copy_fallback, element_layout
 from teir.frontend.direct_call import DirectCall, direct_call
 from teir.frontend.einsum_parse import EinsumError, from_sublists, parse
 from teir.frontend.einsum_plan import (
@@ -31,10 +31,12 @@ from teir.frontend.einsum_plan import (
     compute_bound,
     kernel_depth,
     make_plan,
+    one_element,
     operand,
     placeholder,
     relaid,
     relayout_pays,
+    result_strides,
     runs_kernels,
     short_depth,
     sum_out,
@@ -214,18 +216,25 @@ def _plan(
         op.array is a and not labels
         for op, a, labels in zip(inputs, arrays, plan.reductions or [[]] * len(arrays))
     )
-    if plan.canonical is not None:
+    relaying = plan.canonical is not None and relayout and relayout_pays(plan, inputs)
+
+    def contraction(
+        subscripts: str, operands: list[np.ndarray], target: np.ndarray, last: bool
+    ) -> Plan:
+        options, planned = _step_options(accumulate, relu, last, out, relaying)
+        return _plan(subscripts, operands, target, *options, threads, **planned)[0]
+
+    if plan.canonical is None and fallback:
+        orders = _elementwise_copies(plan, inputs, out)
+        product = None
+        if orders is not None:
+            product = copy_fallback.copies_planned(plan, inputs, out, contraction, orders)
+        if product is not None:
+            plan.canonical, plan.product, plan.elementwise_copies = orders, product, True
+    elif plan.canonical is not None:
         if not fallback:  # cached as planned: the key holds fallback
             _cache(key, (plan, direct, None))
             return plan, direct
-
-        relaying = relayout and relayout_pays(plan, inputs)
-
-        def contraction(
-            subscripts: str, operands: list[np.ndarray], target: np.ndarray, last: bool
-        ) -> Plan:
-            options, planned = _step_options(accumulate, relu, last, out, relaying)
-            return _plan(subscripts, operands, target, *options, threads, **planned)[0]
 
         # A memory-bound contraction that runs kernels as it lies is not worth its result
         # copied (random memory-bound einsums, K of 2-8: with the result's copies allowed,
@@ -266,6 +275,24 @@ def _plan(
             plan.split = plan_split(parsed, arrays, threads, chain)
     _cache(key, (plan, direct, direct_call(plan, inputs, arrays, out, accumulate, relu)))
     return plan, direct
+
+
+def _elementwise_copies(
+    plan: Plan, inputs: list[Operand], out: np.ndarray | None
+) -> copy_fallback.Orders | None:
+    """The copies that give an elementwise product of one-element kernels one layout
+    (:mod:`element_layout`); None where the plan is no such product or needs none."""
+    if len(inputs) != 2 or plan.lanes is not None or not one_element(plan):
+        return None
+    output = plan.subscripts.output
+    if any(label not in output for op in inputs for label in op.labels):
+        return None  # a label is summed
+    if out is not None and any(s < 0 for s in out.strides):
+        return None
+    shape = dict(zip(output, plan.out_shape))
+    result = result_strides(out, output, plan.out_shape, plan.memory_order)
+    tensors = [(op.labels, op.strides) for op in inputs] + [(list(output), result)]
+    return element_layout.copy_orders(tensors, shape, plan.dtype.itemsize)
 
 
 def _step_options(

@@ -183,6 +183,9 @@ class Plan:
     # where the operands as they lie fit another (``relayout_pays``), and the steps that use
     # them are planned as they lie, never asking for copies of their own.
     steps_as_they_lie: bool = False
+    # With ``canonical``: an elementwise product whose three tensors have their unit strides
+    # on three labels, one input copied into the other's layout (see element_layout).
+    elementwise_copies: bool = False
 
     def run(self, in0: int, in1: int, out: int) -> None:
         """Run every region on raw addresses (``in1`` 0 for a unary plan)."""
@@ -214,7 +217,12 @@ class Plan:
                 for name, order in zip(names, self.canonical)
                 if order is not None
             ]
-            if runs_kernels(self) and short_depth(self):
+            if self.elementwise_copies:
+                why = (
+                    "the nest of an elementwise product whose three tensors have their unit "
+                    "strides on three labels reads one of them a line per element"
+                )
+            elif runs_kernels(self) and short_depth(self):
                 why = (
                     "the kernel that fits the operands as they lie sums "
                     f"{kernel_depth(self)} steps of K between loads and stores of C"
@@ -352,7 +360,7 @@ def unscheduled_fields(subscripts: Subscripts, arrays: list[np.ndarray]) -> dict
             )
     sizes = label_sizes(inputs, output)
     shape = tuple(sizes[label] for label in output)
-    out_strides = _out_strides(None, output, shape)
+    out_strides = result_strides(None, output, shape)
     return build_config(arrays[0].dtype, inputs, output, out_strides, sizes, False, False)
 
 
@@ -411,7 +419,7 @@ def make_plan(
             return contraction_cost(fields, threads or default_threads())
 
         plan.memory_order = result_order(order, inputs, output, sizes, price)
-    out_strides = _out_strides(out, output, out_shape, plan.memory_order)
+    out_strides = result_strides(out, output, out_shape, plan.memory_order)
     fields = build_config(dtype, inputs, output, out_strides, sizes, accumulate, relu)
     for index, (region_fields, offsets) in enumerate(regions(fields, len(inputs) == 2)):
         config, log = optimize_with_log(region_fields, threads, resident_output=resident_output)
@@ -505,6 +513,13 @@ def compute_bound(plan: Plan, inputs: list[Operand]) -> bool:
 def _main(plan: Plan) -> TileOp | None:
     """The main primitive of the plan's (first region's) operation, if it has one."""
     return None if plan.operation is None else plan.operation.nest.main
+
+
+def one_element(plan: Plan) -> bool:
+    """Whether the plan's kernel computes one element per call (loops do the rest)."""
+    main = _main(plan)
+    spec = None if main is None else main.spec
+    return isinstance(spec, BrgemmSpec) and (spec.m, spec.n, spec.k, spec.batch) == (1, 1, 1, 1)
 
 
 def runs_kernels(plan: Plan) -> bool:
@@ -730,7 +745,7 @@ def canonical_orders(
     return "".join(c + k + m), "".join(c + n + k), "".join(c + n + m)
 
 
-def _out_strides(
+def result_strides(
     out: np.ndarray | None,
     output: tuple[str, ...],
     shape: tuple[int, ...],

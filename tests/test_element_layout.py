@@ -1,0 +1,91 @@
+"""Elementwise products whose three tensors have their unit strides on three labels: one
+input is copied into the other's layout (``teir.frontend.element_layout``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import teir
+from teir.frontend import einsum as einsum_module
+from teir.frontend import element_layout
+from teir.frontend.element_layout import copy_orders, memory_order
+from teir.frontend.fallback_call import FallbackCall
+
+
+def c_strides(labels: str, sizes: dict[str, int]) -> dict[str, int]:
+    strides, step = {}, 1
+    for label in reversed(labels):
+        strides[label] = step
+        step *= sizes[label]
+    return strides
+
+
+SIZES = {"a": 1089, "b": 108, "c": 360}
+
+
+def tensors(*terms: str) -> list[tuple[str, dict[str, int]]]:
+    return [(term, c_strides(term, SIZES)) for term in terms]
+
+
+def test_memory_order_sorts_by_stride_with_still_labels_outermost():
+    sizes = {"a": 4, "b": 1, "c": 5}
+    assert memory_order("abc", {"a": 1, "b": 0, "c": 4}, sizes) == "bca"
+    assert memory_order("ac", {"a": 0, "c": 1}, sizes) == "ac"
+
+
+def test_three_unit_labels_copy_the_smaller_input_into_the_others_layout():
+    # in0 unit c, in1 unit a, out unit b: in1 (the tie's) copied into in0's order bac
+    assert copy_orders(tensors("bac", "bca", "cab"), SIZES, 4) == (None, "bac", None)
+    # in0 the smaller: copied into in1's order
+    sizes = dict(SIZES, d=3)
+    terms = [("bac", c_strides("bac", sizes)), ("dbca", c_strides("dbca", sizes))]
+    out = ("dcab", c_strides("dcab", sizes))
+    assert copy_orders([*terms, out], sizes, 4) == ("bca", None, None)
+
+
+def test_two_unit_labels_or_small_tensors_keep_the_nest():
+    # out shares in0's unit stride: the nest serves both as they lie
+    assert copy_orders(tensors("bac", "bca", "bac"), SIZES, 4) is None
+    # a small input (under an eighth of the largest) stays in the caches
+    sizes = dict(SIZES, a=2000)
+    terms = [(t, c_strides(t, sizes)) for t in ("ba", "bca", "cab")]
+    assert copy_orders(terms, sizes, 4) is None
+    # all three large, but the copy would be below MIN_COPY_BYTES
+    little = {"a": 20, "b": 30, "c": 40}
+    terms = [(t, c_strides(t, little)) for t in ("bac", "bca", "cab")]
+    assert copy_orders(terms, little, 8) is None
+
+
+def test_the_copied_inputs_labels_missing_from_the_other_go_outermost():
+    sizes = {"a": 600, "b": 100, "c": 300, "d": 2, "e": 3}
+    in0 = ("dbac", c_strides("dbac", sizes))
+    in1 = ("ebca", c_strides("ebca", sizes))
+    out = ("decab", c_strides("decab", sizes))
+    assert copy_orders([in0, in1, out], sizes, 4) == ("dbca", None, None)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_three_way_product_runs_through_one_copy(dtype, monkeypatch):
+    monkeypatch.setattr(element_layout, "MIN_COPY_BYTES", 1 << 16)
+    einsum_module.clear_plans()
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((40, 30, 50)).astype(dtype)  # bac
+    b = rng.standard_normal((30, 50, 40)).astype(dtype)  # acb
+    expected = np.einsum("bac,acb->cba", a, b)
+    plan = teir.einsum_plan("bac,acb->cba", a, b)
+    assert plan.elementwise_copies and plan.canonical == (None, "bac", None)
+    assert "three labels" in plan.explain()
+    np.testing.assert_allclose(teir.einsum("bac,acb->cba", a, b), expected, rtol=1e-6)
+    out = np.ones((50, 40, 30), dtype)
+    for _ in range(2):  # the second call replays the recorded steps
+        out[...] = 1
+        teir.einsum("bac,acb->cba", a, b, out=out, accumulate=True, relu=True)
+        np.testing.assert_allclose(out, np.maximum(expected + 1, 0), rtol=1e-6, atol=1e-6)
+    replays = [e[2] for e in einsum_module._plans.values() if isinstance(e[2], FallbackCall)]
+    assert replays
+    # a strided view of in1 and an out with negative strides
+    view = np.ascontiguousarray(b[:, :, ::-1])[:, :, ::-1]
+    reversed_out = np.zeros((50, 40, 30), dtype)[::-1]
+    teir.einsum("bac,acb->cba", a, view, out=reversed_out)
+    np.testing.assert_allclose(reversed_out, expected, rtol=1e-6)
