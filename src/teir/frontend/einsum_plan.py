@@ -26,6 +26,7 @@ import numpy as np
 from teir.codegen.brgemm import Blocking, choose_blocking
 from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target
+from teir.codegen.transpose import LINE_BYTES
 from teir.frontend.einsum_parse import EinsumError, Subscripts, numpy_subscripts
 from teir.frontend.lane_plan import lane_spec
 from teir.frontend.plan_cost import contraction_cost
@@ -442,7 +443,7 @@ def make_plan(
     poor = (
         main is not None
         and main.kind == "brgemm"
-        and (intense or result_bound)
+        and (intense or result_bound or (memory_bound_copies and gathered_dots(plan, inputs)))
         and vector_fill(plan) < POOR_FILL
     )
     if len(inputs) != 2 or main is None:
@@ -489,6 +490,39 @@ def make_plan(
                     memory_bound_copies=memory_bound_copies,
                 )
     return plan, inputs
+
+
+def gathered_dots(plan: Plan, inputs: list[Operand]) -> bool:
+    """Whether the plan's kernel sums dot products into one element per call (a one-by-one
+    tile over K) and an input of at least ``GATHERED_MIN_BYTES`` steps a line or more along
+    every summed label: each of its K steps then reads one element of another line, which
+    the next output element's dot reads again, often after the caches have lost it
+    (``ij,ji->i``)."""
+    main = _main(plan)
+    spec = None if main is None else main.spec
+    if len(inputs) != 2 or not isinstance(spec, BrgemmSpec):
+        return False
+    if not spec.m == spec.n == 1 < spec.k * spec.batch:
+        return False
+    line = LINE_BYTES // plan.dtype.itemsize
+    output = plan.subscripts.output
+    summed = [x for x in inputs[0].labels if x in inputs[1].labels and x not in output]
+    return bool(summed) and any(
+        op.array.nbytes >= GATHERED_MIN_BYTES
+        and all(abs(op.strides[x]) >= line or op.sizes[x] == 1 for x in summed)
+        for op in inputs
+    )
+
+
+# Gathered dot products copy the gathered input into the other's layout (one copy, see
+# einsum._plan) where it has at least this many bytes. Random einsums whose plans changed
+# (seeds 401-408, 2 of each 1000), 2 threads, alternating processes, into an out: 18 cases
+# 0.47x the time by geometric mean; FP32 gc,cg->c 1536 x 8192 55 -> 5.5 ms, bd,db->d 46 ->
+# 5.6 ms, cf,fc->c (12288 x 192) 6.8 -> 0.94 ms, ahf,fah->h (4 MB) 1.38 -> 0.49 ms; FP64
+# ea,ae->e 11.4 -> 2.8 ms, edc,ced->ce 13.4 -> 3.3 ms; slower FP64 df,fd->d (4 MB, K 1552)
+# 0.25 -> 0.50 ms and ha,ah->h (6 MB, K 192) 0.44 -> 0.64 ms, whose gathered lines the next
+# dot still finds in the caches. Under 1 MB, 1.3-5.7x slower (ac,ca->c 64 x 34: 1 -> 8 us).
+GATHERED_MIN_BYTES = 1 << 20
 
 
 # A kernel that fills less than this fraction of its vector lanes (a dot form along a unit
