@@ -55,3 +55,18 @@ def test_gathered_dots_that_would_copy_both_inputs_run_as_they_lie():
     np.testing.assert_allclose(
         teir.einsum("bdc,cdb->c", b, c), np.einsum("bdc,cdb->c", b, c), rtol=1e-12
     )
+
+
+def test_a_gathered_batch_of_dots_copies_the_gathered_input():
+    # echg,gceh->ge: in0's unit stride lies on the output label g, so each dot over c and h
+    # reads one element per line of in0 (FP32 256 x 6 x 16 x 64: 0.99 -> 0.60 ms)
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((6, 256, 64, 16)).astype(np.float32)
+    b = rng.standard_normal((16, 256, 6, 64)).astype(np.float32)
+    plan = teir.einsum_plan("echg,gceh->ge", a, b, threads=2)
+    assert plan.canonical is not None and plan.canonical[0] is not None
+    assert plan.canonical[1:] == (None, None)
+    exact = np.einsum("echg,gceh->ge", a.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_allclose(
+        teir.einsum("echg,gceh->ge", a, b, threads=2), exact, rtol=1e-4, atol=5e-3
+    )
