@@ -89,3 +89,10 @@ def test_a_three_way_product_runs_through_one_copy(dtype, monkeypatch):
     reversed_out = np.zeros((50, 40, 30), dtype)[::-1]
     teir.einsum("bac,acb->cba", a, view, out=reversed_out)
     np.testing.assert_allclose(reversed_out, expected, rtol=1e-6)
+
+
+def test_a_broadcast_input_counts_its_elements_in_memory():
+    # in1 broadcast along c (stride 0), unit stride on a: 108 x 1089 elements in memory,
+    # not 108 x 360 x 1089, so it is small and stays as it lies
+    broadcast = ("bca", {"b": 1089, "c": 0, "a": 1})
+    assert copy_orders([tensors("bac")[0], broadcast, tensors("cab")[0]], SIZES, 4) is None

@@ -286,7 +286,7 @@ def _plan(
 
 def _elementwise_copies(
     plan: Plan, inputs: list[Operand], out: np.ndarray | None
-) -> copy_fallback.Orders | None:
+) -> element_layout.Orders | None:
     """The copies that give an elementwise product of one-element kernels one layout
     (:mod:`element_layout`); None where the plan is no such product or needs none."""
     if len(inputs) != 2 or plan.lanes is not None or not one_element(plan):

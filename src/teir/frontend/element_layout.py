@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from math import prod
 
+from teir.frontend.copy_fallback import Orders
+
 # The input copied must have at least this many bytes. Three-way products, 2 threads,
 # alternating processes, as they lie -> one input copied: 20-340 MB a tensor 0.39-0.88x the
 # time (FP32 abcd,dabc->cdab 16 MB 8.2 -> 3.4 ms); at 8 MB 0.43x to 1.33x, at 4 MB 0.97x.
@@ -26,9 +28,6 @@ MIN_COPY_BYTES = 16 << 20
 # Tensors with fewer elements than this fraction of the largest are read in whatever layout
 # they have: they stay in the caches while the nest sweeps the large ones.
 LARGE_SHARE = 1 / 8
-
-# Label orders (in0, in1, result), innermost last, of the copies; None: used as it lies.
-Orders = tuple[str | None, str | None, str | None]
 
 
 def memory_order(labels: Sequence[str], strides: dict[str, int], sizes: dict[str, int]) -> str:
@@ -48,9 +47,12 @@ def copy_orders(
     (labels, element strides): the smaller input (in1 on ties) into the other's layout,
     where all three are large and their unit strides lie on three labels; else None."""
     assert len(tensors) == 3
-    elements = [prod(sizes[x] for x in labels) for labels, _ in tensors]
+    # elements in memory: a broadcast label (stride 0) adds none
+    elements = [
+        prod(sizes[x] for x in labels if strides.get(x, 0) != 0) for labels, strides in tensors
+    ]
     orders = [memory_order(labels, strides, sizes) for labels, strides in tensors]
-    if not all(orders) or min(elements) < LARGE_SHARE * max(elements):
+    if min(elements) < 2 or min(elements) < LARGE_SHARE * max(elements):
         return None
     if len({order[-1] for order in orders}) < 3:
         return None
@@ -65,4 +67,4 @@ def copy_orders(
     return found[0], found[1], found[2]
 
 
-__all__ = ["LARGE_SHARE", "MIN_COPY_BYTES", "copy_orders", "memory_order"]
+__all__ = ["LARGE_SHARE", "MIN_COPY_BYTES", "Orders", "copy_orders", "memory_order"]
