@@ -26,11 +26,13 @@ from teir.frontend.direct_call import DirectCall, direct_call
 from teir.frontend.einsum_parse import EinsumError, from_sublists, parse
 from teir.frontend.einsum_plan import (
     SHORT_DEPTH_GAIN,
+    TILE_GAIN,
     Operand,
     Plan,
     compute_bound,
     gathered_dots,
     kernel_depth,
+    kernel_tile,
     make_plan,
     one_element,
     operand,
@@ -40,6 +42,7 @@ from teir.frontend.einsum_plan import (
     result_strides,
     runs_kernels,
     short_depth,
+    small_tile,
     sum_out,
     vector_fill,
 )
@@ -210,7 +213,7 @@ def _plan(
         relayout,
         resident_output=resident,
         order=order,
-        memory_bound_copies=fallback,
+        own_call=fallback,
     )
     # Operands used in place need only their address per call; the others are prepared again.
     direct = tuple(
@@ -263,12 +266,21 @@ def _plan(
                 and relaid(plan, product)
                 and copy_fallback.relayout_affordable(plan, inputs, orders)
             )
+            # tiles a few accumulators wide, the copies paid for as a relayout's are (FP64
+            # eafb,bahcf->ceh, 32 FLOPs per element copied: 3.8 -> 4.6 ms)
+            wider = (
+                compute_bound(plan, inputs)
+                and small_tile(plan)
+                and kernel_tile(product) >= TILE_GAIN * kernel_tile(plan)
+                and vector_fill(product) >= vector_fill(plan)
+                and copy_fallback.relayout_affordable(plan, inputs, orders)
+            )
             # gathered dot products gain from one input copied into the other's layout;
             # copies of both cost more than they save (FP64 bdc,cdb->c 39 MB: 15.5 -> 18.5 ms)
             both = orders[0] is not None and orders[1] is not None
             gathered = both and not compute_bound(plan, inputs) and gathered_dots(plan, inputs)
             if (
-                not (fuller or deeper or relaying_pays)
+                not (wider if plan.for_small_tiles else fuller or deeper or relaying_pays or wider)
                 or (not copy_result and orders[2] is not None)
                 or gathered
             ):

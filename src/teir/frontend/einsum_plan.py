@@ -187,6 +187,9 @@ class Plan:
     # With ``canonical``: an elementwise product whose three tensors have their unit strides
     # on three labels, one input copied into the other's layout (see element_layout).
     elementwise_copies: bool = False
+    # With ``canonical``: considered only because the kernel's tiles are small
+    # (``small_tile``); kept only where the copies give tiles TILE_GAIN times larger.
+    for_small_tiles: bool = False
 
     def run(self, in0: int, in1: int, out: int) -> None:
         """Run every region on raw addresses (``in1`` 0 for a unary plan)."""
@@ -222,6 +225,11 @@ class Plan:
                 why = (
                     "the nest of an elementwise product whose three tensors have their unit "
                     "strides on three labels reads one of them a line per element"
+                )
+            elif self.for_small_tiles:
+                why = (
+                    "the kernel that fits the operands as they lie computes "
+                    f"{kernel_tile(self)} elements of C per call"
                 )
             elif runs_kernels(self) and short_depth(self):
                 why = (
@@ -381,7 +389,7 @@ def make_plan(
     relayout: bool = True,
     resident_output: bool | None = None,
     order: str = "C",
-    memory_bound_copies: bool = False,
+    own_call: bool = False,
 ) -> tuple[Plan, list[Operand]]:
     """The plan for these operands (its operands are returned too: they may be new arrays).
     ``relayout=False``: copies are planned only where no kernel fits well as the operands
@@ -391,9 +399,10 @@ def make_plan(
     (default: when an ``out`` is given; a result allocated for each call is not).
     ``order``: the memory layout of a new result (without ``out``), as NumPy's einsum takes
     it: "C", "F", "A" or "K" (teir's choice, see :mod:`teir.frontend.result_layout`).
-    ``memory_bound_copies``: copies are also planned for a memory-bound contraction whose
-    result is its largest tensor, written by a kernel that fills few vector lanes (einsum's
-    own call, not the contraction of its copies)."""
+    ``own_call``: einsum's own call, not the contraction of its copies; copies are then
+    also planned for a memory-bound contraction whose result is its largest tensor, written
+    by a kernel that fills few vector lanes, for gathered dot products (``gathered_dots``)
+    and for compute-bound ones of small kernel tiles (``small_tile``)."""
     if resident_output is None:
         resident_output = out is not None
     dtype = arrays[0].dtype
@@ -439,11 +448,11 @@ def make_plan(
     # a memory-bound contraction whose result is its largest tensor, written by a kernel
     # that fills few lanes: inputs copied into layouts whose kernel fills them write it
     # faster (see copy_fallback.choose's copy_result)
-    result_bound = memory_bound_copies and prod(out_shape) >= sum(op.array.size for op in inputs)
+    result_bound = own_call and prod(out_shape) >= sum(op.array.size for op in inputs)
     poor = (
         main is not None
         and main.kind == "brgemm"
-        and (intense or result_bound or (memory_bound_copies and gathered_dots(plan, inputs)))
+        and (intense or result_bound or (own_call and gathered_dots(plan, inputs)))
         and vector_fill(plan) < POOR_FILL
     )
     if len(inputs) != 2 or main is None:
@@ -460,7 +469,9 @@ def make_plan(
             plan.lanes = compile_lanes(spec, count)
             plan.regions, plan.operation = [], None
             return plan, inputs
-    if unfit or (intense and short_depth(plan)) or (relayout and relayout_pays(plan, inputs)):
+    others = unfit or (intense and short_depth(plan)) or (relayout and relayout_pays(plan, inputs))
+    tiny = own_call and intense and small_tile(plan)
+    if others or tiny:
         orders = canonical_orders(inputs, output)
         # the result counts too: a batch label with the result's unit stride fits no kernel
         # (adb,acd->bca FP64 ran on the generic primitive at 0.13x NumPy)
@@ -474,6 +485,7 @@ def make_plan(
         )
         if not already:  # copies into these orders fit a kernel (and are not made twice)
             plan.canonical = orders
+            plan.for_small_tiles = not others
             if plan.memory_order is not None and order == "K":
                 # a layout chosen for the kernel that runs on the result as it lies, not for
                 # copies: the listed one decides (heb,dhf->dfbe FP32, 7 x 50 x 31 x 31 x 24:
@@ -487,7 +499,7 @@ def make_plan(
                     threads,
                     relayout,
                     resident_output,
-                    memory_bound_copies=memory_bound_copies,
+                    own_call=own_call,
                 )
     return plan, inputs
 
@@ -575,6 +587,34 @@ def vector_fill(plan: Plan) -> float:
     blocking = choose_blocking(spec, Target.host())
     along = {"dot": spec.k, "mirror": spec.n}.get(blocking.form, spec.m)
     return along / (-(-along // blocking.lanes) * blocking.lanes)
+
+
+def kernel_tile(plan: Plan) -> int:
+    """Elements of C the plan's BRGEMM kernel computes per call (0 for other kernels)."""
+    main = _main(plan)
+    if main is None or not isinstance(main.spec, BrgemmSpec):
+        return 0
+    return main.spec.m * main.spec.n
+
+
+def small_tile(plan: Plan) -> bool:
+    """Whether the plan's BRGEMM kernel computes a C tile of fewer than ``SMALL_TILE``
+    elements per call (a register block of a few accumulators), summing K beyond one step."""
+    main = _main(plan)
+    if main is None or main.kind != "brgemm" or not isinstance(main.spec, BrgemmSpec):
+        return False
+    if plan.operation is None or plan.operation.config.flops < SMALL_TILE_MIN_FLOPS:
+        return False
+    return 0 < kernel_tile(plan) < SMALL_TILE and main.spec.k * main.spec.batch > 1
+
+
+# A compute-bound contraction of at least SMALL_TILE_MIN_FLOPS whose layout leaves kernel
+# tiles of fewer C elements than SMALL_TILE has the copying fallback considered, taken where
+# its tiles are TILE_GAIN times larger. Below, the copies' calls cost more than the tiles
+# lose (random einsums of 1-10 MFLOP: 1.6-6x slower).
+SMALL_TILE = 64
+TILE_GAIN = 4
+SMALL_TILE_MIN_FLOPS = 32_000_000
 
 
 def kernel_depth(plan: Plan) -> int:
