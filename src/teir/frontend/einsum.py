@@ -48,6 +48,7 @@ from teir.frontend.einsum_plan import (
 )
 from teir.frontend.fallback_call import FallbackCall, RecordedStep, fallback_call
 from teir.frontend.result_layout import check_order, fortran_ordered
+from teir.frontend.split_call import SplitCall, add_parts, split_call
 from teir.frontend.split_reduction import (
     chain_length,
     chain_too_long,
@@ -66,7 +67,9 @@ from teir.runtime.scratch import scratch
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 PLAN_CACHE_SIZE = 4096
 # Each plan with its per-call path: a direct call, a fallback's replay, or None (full path).
-_plans: dict[tuple[Any, ...], tuple[Plan, tuple[bool, ...], DirectCall | FallbackCall | None]] = {}
+_plans: dict[
+    tuple[Any, ...], tuple[Plan, tuple[bool, ...], DirectCall | FallbackCall | SplitCall | None]
+] = {}
 # The last direct call with a checked call per (subscripts, operand count, out given or not,
 # accumulate, relu, threads): tried before the full key is built; the checked call itself
 # checks everything else.
@@ -294,6 +297,17 @@ def _plan(
             plan.split = plan_split(parsed, arrays, threads, chain)
     _cache(key, (plan, direct, direct_call(plan, inputs, arrays, out, accumulate, relu)))
     return plan, direct
+
+
+def _part_step(
+    subscripts: str, views: list[np.ndarray], target: np.ndarray, threads: int
+) -> tuple[DirectCall | None, list[np.ndarray], np.ndarray]:
+    """Run one part of a split reduction (never split again); its direct call (None: it
+    has none), views and target, for the split's replay."""
+    _one_or_two(subscripts, views, target, threads, False, False, split=False)
+    found = _plans.get(_key(subscripts, views, target, False, False, threads, False))
+    call = found[2] if found is not None else None
+    return (call if isinstance(call, DirectCall) else None), views, target
 
 
 def _elementwise_copies(
@@ -533,18 +547,24 @@ def _one_or_two(
         # One part of the reduction per thread into a temporary, then their sum.
         views = split_views(plan.split, plan.subscripts, arrays)
         count = plan.split.parts + (1 if plan.split.rest else 0)
+        steps = []
         with scratch([(count, *plan.out_shape)], dtype) as (parts,):
             cut = parts[: plan.split.parts]
-            _one_or_two(plan.split.subscripts, views, cut, threads, False, False, split=False)
+            steps.append(_part_step(plan.split.subscripts, views, cut, threads))
             if plan.split.rest:  # the indices left out of the cut, as one more part
                 rest = rest_views(plan.split, plan.subscripts, arrays)
-                _one_or_two(subscripts, rest, parts[-1, ...], threads, False, False, split=False)
-            if accumulate:
-                result += parts.sum(axis=0)
-            else:
-                np.sum(parts, axis=0, out=result)
+                steps.append(_part_step(subscripts, rest, parts[-1, ...], threads))
+            add_parts(parts, result, accumulate)
+            replay = split_call(
+                dtype, plan.out_shape, arrays, parts, steps, accumulate, relu, plan.memory_order
+            )
         if relu:
             np.maximum(result, 0, out=result)
+        if replay is not None:
+            key = _key(subscripts, arrays, out_array, *options, fresh, order, fallback, relayout)
+            with _lock:
+                if key in _plans and _plans[key][0] is plan:
+                    _plans[key] = (plan, direct, replay)
         return _returned(result, out)
     inputs: list[Operand | np.ndarray] = []
     for index, array in enumerate(arrays):
