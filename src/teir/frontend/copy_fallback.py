@@ -139,7 +139,8 @@ def _uncopied_target(plan: Plan, out: np.ndarray | None) -> np.ndarray | None:
     """Where a result that is not copied is written: ``out``, or a stand-in for a new
     result; None where it cannot be (an out with negative strides)."""
     if out is None:
-        return placeholder(plan.out_shape, None, plan.dtype)
+        stand_in: np.ndarray = placeholder(plan.out_shape, None, plan.dtype)
+        return stand_in
     return out if all(s >= 0 for s in out.strides) else None
 
 

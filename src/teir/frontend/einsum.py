@@ -84,7 +84,7 @@ def clear_plans() -> None:
         _recent.clear()
 
 
-def _remember(recent: tuple[Any, ...], call: DirectCall | FallbackCall) -> None:
+def _remember(recent: tuple[Any, ...], call: DirectCall | FallbackCall | SplitCall) -> None:
     if isinstance(call, DirectCall) and call.checked is not None:
         with _lock:
             if len(_recent) >= PLAN_CACHE_SIZE:
@@ -297,6 +297,15 @@ def _plan(
             plan.split = plan_split(parsed, arrays, threads, chain)
     _cache(key, (plan, direct, direct_call(plan, inputs, arrays, out, accumulate, relu)))
     return plan, direct
+
+
+def _keep_replay(
+    key: tuple[Any, ...], plan: Plan, direct: tuple[bool, ...], replay: FallbackCall | SplitCall
+) -> None:
+    """Cache ``replay`` as the per-call path of ``plan``'s entry (unless the entry changed)."""
+    with _lock:
+        if key in _plans and _plans[key][0] is plan:
+            _plans[key] = (plan, direct, replay)
 
 
 def _part_step(
@@ -533,9 +542,7 @@ def _one_or_two(
         replay = _through_canonical(plan, arrays, out_array, result, threads, accumulate, relu)
         if replay is not None:
             key = _key(subscripts, arrays, out_array, *options, fresh, order, fallback, relayout)
-            with _lock:
-                if key in _plans and _plans[key][0] is plan:
-                    _plans[key] = (plan, direct, replay)
+            _keep_replay(key, plan, direct, replay)
         return _returned(result, out)
     if plan.empty:
         if not accumulate:
@@ -555,16 +562,14 @@ def _one_or_two(
                 rest = rest_views(plan.split, plan.subscripts, arrays)
                 steps.append(_part_step(subscripts, rest, parts[-1, ...], threads))
             add_parts(parts, result, accumulate)
-            replay = split_call(
+            split_replay = split_call(
                 dtype, plan.out_shape, arrays, parts, steps, accumulate, relu, plan.memory_order
             )
         if relu:
             np.maximum(result, 0, out=result)
-        if replay is not None:
+        if split_replay is not None:
             key = _key(subscripts, arrays, out_array, *options, fresh, order, fallback, relayout)
-            with _lock:
-                if key in _plans and _plans[key][0] is plan:
-                    _plans[key] = (plan, direct, replay)
+            _keep_replay(key, plan, direct, split_replay)
         return _returned(result, out)
     inputs: list[Operand | np.ndarray] = []
     for index, array in enumerate(arrays):

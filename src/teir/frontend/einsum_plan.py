@@ -469,9 +469,11 @@ def make_plan(
             plan.lanes = compile_lanes(spec, count)
             plan.regions, plan.operation = [], None
             return plan, inputs
-    others = unfit or (intense and short_depth(plan)) or (relayout and relayout_pays(plan, inputs))
+    other_reasons = (
+        unfit or (intense and short_depth(plan)) or (relayout and relayout_pays(plan, inputs))
+    )
     tiny = own_call and intense and small_tile(plan)
-    if others or tiny:
+    if other_reasons or tiny:
         orders = canonical_orders(inputs, output)
         # the result counts too: a batch label with the result's unit stride fits no kernel
         # (adb,acd->bca FP64 ran on the generic primitive at 0.13x NumPy)
@@ -485,7 +487,7 @@ def make_plan(
         )
         if not already:  # copies into these orders fit a kernel (and are not made twice)
             plan.canonical = orders
-            plan.for_small_tiles = not others
+            plan.for_small_tiles = not other_reasons
             if plan.memory_order is not None and order == "K":
                 # a layout chosen for the kernel that runs on the result as it lies, not for
                 # copies: the listed one decides (heb,dhf->dfbe FP32, 7 x 50 x 31 x 31 x 24:
