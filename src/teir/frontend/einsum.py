@@ -314,9 +314,16 @@ def _part_step(
     """Run one part of a split reduction (never split again); its direct call (None: it
     has none), views and target, for the split's replay."""
     _one_or_two(subscripts, views, target, threads, False, False, split=False)
-    found = _plans.get(_key(subscripts, views, target, False, False, threads, False))
+    key = _key(subscripts, views, target, False, False, threads, False)
+    return _direct_call_of(key), views, target
+
+
+def _direct_call_of(key: tuple[Any, ...]) -> DirectCall | None:
+    """The direct call cached under ``key`` (None: none, or another kind of per-call path),
+    for a replay of the steps that ran it."""
+    found = _plans.get(key)
     call = found[2] if found is not None else None
-    return (call if isinstance(call, DirectCall) else None), views, target
+    return call if isinstance(call, DirectCall) else None
 
 
 def _elementwise_copies(
@@ -329,8 +336,6 @@ def _elementwise_copies(
     output = plan.subscripts.output
     if any(label not in output for op in inputs for label in op.labels):
         return None  # a label is summed
-    if out is not None and any(s < 0 for s in out.strides):
-        return None
     shape = dict(zip(output, plan.out_shape))
     result = result_strides(out, output, plan.out_shape, plan.memory_order)
     tensors = [(op.labels, op.strides) for op in inputs] + [(list(output), result)]
@@ -563,7 +568,15 @@ def _one_or_two(
                 steps.append(_part_step(subscripts, rest, parts[-1, ...], threads))
             add_parts(parts, result, accumulate)
             split_replay = split_call(
-                dtype, plan.out_shape, arrays, parts, steps, accumulate, relu, plan.memory_order
+                dtype,
+                plan.out_shape,
+                arrays,
+                out_array,
+                parts,
+                steps,
+                accumulate,
+                relu,
+                plan.memory_order,
             )
         if relu:
             np.maximum(result, 0, out=result)
@@ -629,10 +642,7 @@ def _through_canonical(
         _one_or_two(subscripts, operands, target, threads, *options, **planned)
         if record:
             key = _key(subscripts, operands, target, *options, threads, **planned)
-            found = _plans.get(key)
-            call = found[2] if found is not None else None
-            call = call if isinstance(call, DirectCall) else None
-            steps.append(RecordedStep(call, tuple(operands), target))
+            steps.append(RecordedStep(_direct_call_of(key), tuple(operands), target))
 
     buffers: list[np.ndarray] = []
     copy_fallback.run(plan, prepared_operands, result, step, buffers)

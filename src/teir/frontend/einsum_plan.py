@@ -460,9 +460,7 @@ def make_plan(
     unfit = main.kind == "generic" or poor
     # a batched outer product with the batch innermost loops around a one-element kernel
     # (``ib,jb->ijb`` 512^2 x 32 into an out: 5.6 ms, 3.5 ms as a lane-batched contraction)
-    kernel = main.spec
-    one_element = isinstance(kernel, BrgemmSpec) and (kernel.m, kernel.n, kernel.k) == (1, 1, 1)
-    if unfit or one_element:
+    if unfit or one_element(plan):
         count = threads or default_threads()
         spec = lane_spec(fields, count, Target.host())
         if spec is not None and (unfit or (spec.m > 1 and spec.n > 1)):
@@ -564,10 +562,11 @@ def _main(plan: Plan) -> TileOp | None:
 
 
 def one_element(plan: Plan) -> bool:
-    """Whether the plan's kernel computes one element per call (loops do the rest)."""
+    """Whether the plan's kernel multiplies one element per K step (m = n = k = 1): an
+    elementwise product's, its loops doing the rest."""
     main = _main(plan)
     spec = None if main is None else main.spec
-    return isinstance(spec, BrgemmSpec) and (spec.m, spec.n, spec.k, spec.batch) == (1, 1, 1, 1)
+    return isinstance(spec, BrgemmSpec) and (spec.m, spec.n, spec.k) == (1, 1, 1)
 
 
 def runs_kernels(plan: Plan) -> bool:

@@ -64,23 +64,12 @@ class FallbackCall:
         """The result (a new array, or ``out``), or None where the full path must run (an
         operand of another dtype, out read-only or overlapping an operand)."""
         dtype = self.dtype
-        if len(operands) != self.operand_count or (out is None) != (self.out_span is None):
+        addresses = replay_addresses(
+            dtype, operands, out, self.operand_count, self.spans, self.out_span
+        )
+        if addresses is None:
             return None
-        for array in operands if out is None else (*operands, out):
-            if (array.dtype is not dtype and array.dtype != dtype) or not array.flags.aligned:
-                return None
-        addresses = [data_address(array) for array in operands]
-        if out is not None:
-            assert self.out_span is not None
-            if not out.flags.writeable:
-                return None
-            result = out
-            start = data_address(out) + self.out_span[0]
-            for address, (offset, count) in zip(addresses, self.spans):
-                if overlaps(start, self.out_span[1], address + offset, count):
-                    return None
-        else:
-            result = new_result(self.out_shape, dtype, self.memory_order)
+        result = out if out is not None else new_result(self.out_shape, dtype, self.memory_order)
         addresses.append(data_address(result))
         with ScratchBytes(self.scratch_bytes) as base:
             addresses.extend(base + offset for offset in self.scratch_offsets)
@@ -88,6 +77,36 @@ class FallbackCall:
             for run, (r0, o0), (r1, o1), (r2, o2) in self.steps:
                 run(addresses[r0] + o0, addresses[r1] + o1, addresses[r2] + o2)
         return result[()] if out is None and result.ndim == 0 else result
+
+
+def replay_addresses(
+    dtype: np.dtype[Any],
+    operands: Sequence[np.ndarray],
+    out: np.ndarray | None,
+    operand_count: int,
+    spans: Sequence[tuple[int, int]],
+    out_span: tuple[int, int] | None,
+) -> list[int] | None:
+    """The operands' data addresses for a replay recorded with ``spans`` (each operand's
+    offset and bytes from its address) and ``out_span`` (out's; None: recorded without
+    out), or None where the call needs the full path: another operand count, dtype or
+    alignment, out given or not unlike the recording, out read-only or overlapping an
+    operand."""
+    if len(operands) != operand_count or (out is None) != (out_span is None):
+        return None
+    for array in operands if out is None else (*operands, out):
+        if (array.dtype is not dtype and array.dtype != dtype) or not array.flags.aligned:
+            return None
+    addresses = [data_address(array) for array in operands]
+    if out is not None:
+        assert out_span is not None
+        if not out.flags.writeable:
+            return None
+        start = data_address(out) + out_span[0]
+        for address, (offset, count) in zip(addresses, spans):
+            if overlaps(start, out_span[1], address + offset, count):
+                return None
+    return addresses
 
 
 def _span(array: np.ndarray) -> tuple[int, int]:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from math import prod
 from typing import Any
 
 import numpy as np
 
 from teir.buffers import new_result
-from teir.kernels.arrays import data_address, overlaps
+from teir.frontend.fallback_call import replay_addresses
+from teir.kernels.arrays import data_address
 from teir.runtime.checked_call import ArrayLayout
 from teir.runtime.scratch import scratch
 
@@ -36,15 +36,13 @@ class SplitCall:
     out_shape: tuple[int, ...]
     operand_count: int
     spans: tuple[tuple[int, int], ...]  # each operand's (offset, bytes) from its address
+    out_span: tuple[int, int] | None  # None: calls without out get a new result
     parts_shape: tuple[int, ...]  # the temporary: (parts, *out_shape)
+    parts_bytes: int
     runs: tuple[PartRun, ...]
     accumulate: bool
     relu: bool
     memory_order: tuple[int, ...] | None = None  # a new result's layout (None: C order)
-
-    @property
-    def parts_bytes(self) -> int:
-        return prod(self.parts_shape) * self.dtype.itemsize
 
     def _run(self, addresses: list[int], parts: np.ndarray, result: np.ndarray) -> None:
         base = data_address(parts)
@@ -56,24 +54,14 @@ class SplitCall:
         """The result (a new array, or ``out``), or None where the full path must run (an
         operand of another dtype, out read-only or overlapping an operand)."""
         dtype = self.dtype
-        if len(operands) != self.operand_count:
+        addresses = replay_addresses(
+            dtype, operands, out, self.operand_count, self.spans, self.out_span
+        )
+        if addresses is None:
             return None
-        for array in operands if out is None else (*operands, out):
-            if (array.dtype is not dtype and array.dtype != dtype) or not array.flags.aligned:
-                return None
-        addresses = [data_address(array) for array in operands]
         if len(addresses) == 1:
             addresses.append(0)
-        if out is not None:
-            if not out.flags.writeable:
-                return None
-            low, count = ArrayLayout(out.shape, out.strides).span(out.itemsize)
-            for address, (offset, span) in zip(addresses, self.spans):
-                if overlaps(data_address(out) + low, count, address + offset, span):
-                    return None
-            result = out
-        else:
-            result = new_result(self.out_shape, dtype, self.memory_order)
+        result = out if out is not None else new_result(self.out_shape, dtype, self.memory_order)
         if self.parts_bytes <= SMALL_PARTS_BYTES:  # cheaper than the scratch buffer's lock
             self._run(addresses, np.empty(self.parts_shape, dtype), result)
         else:
@@ -106,6 +94,7 @@ def split_call(
     dtype: np.dtype[Any],
     out_shape: tuple[int, ...],
     operands: Sequence[np.ndarray],
+    out: np.ndarray | None,
     parts: np.ndarray,
     steps: Sequence[tuple[Any, Sequence[np.ndarray], np.ndarray]],
     accumulate: bool,
@@ -113,8 +102,8 @@ def split_call(
     memory_order: tuple[int, ...] | None = None,
 ) -> SplitCall | None:
     """The replay of a split run whose ``steps`` (each: a part's direct call, its operand
-    views, its view of the temporary ``parts``) ran on views of ``operands``; None where a
-    step had no direct call."""
+    views, its view of the temporary ``parts``) ran on views of ``operands`` into ``out``
+    (None: a new result); None where a step had no direct call."""
     if any(call is None or call.reduced or call.numpy_sum for call, _, _ in steps):
         return None  # a step that needs more than its run on addresses
     origins = [data_address(array) for array in operands]
@@ -132,7 +121,9 @@ def split_call(
         out_shape,
         len(operands),
         spans,
+        None if out is None else ArrayLayout(out.shape, out.strides).span(out.itemsize),
         parts.shape,
+        parts.nbytes,
         tuple(runs),
         accumulate,
         relu,
