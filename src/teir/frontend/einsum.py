@@ -246,7 +246,8 @@ def _plan(
         # A memory-bound contraction that runs kernels as it lies is not worth its result
         # copied (random memory-bound einsums, K of 2-8: with the result's copies allowed,
         # cdebh,ehdbf->hfdbc 0.43 -> 1.05 ms, fd,gahf->ahdg 0.07 -> 0.21 ms).
-        copy_result = not runs_kernels(plan) or compute_bound(plan, inputs)
+        intense = compute_bound(plan, inputs)
+        copy_result = not runs_kernels(plan) or intense
         plan.canonical, plan.product = copy_fallback.choose(
             plan, inputs, out, contraction, relaying, copy_result
         )
@@ -272,7 +273,7 @@ def _plan(
             # tiles a few accumulators wide, the copies paid for as a relayout's are (FP64
             # eafb,bahcf->ceh, 32 FLOPs per element copied: 3.8 -> 4.6 ms)
             wider = (
-                compute_bound(plan, inputs)
+                intense
                 and small_tile(plan)
                 and kernel_tile(product) >= TILE_GAIN * kernel_tile(plan)
                 and vector_fill(product) >= vector_fill(plan)
@@ -281,7 +282,7 @@ def _plan(
             # gathered dot products gain from one input copied into the other's layout;
             # copies of both cost more than they save (FP64 bdc,cdb->c 39 MB: 15.5 -> 18.5 ms)
             both = orders[0] is not None and orders[1] is not None
-            gathered = both and not compute_bound(plan, inputs) and gathered_dots(plan, inputs)
+            gathered = both and not intense and gathered_dots(plan, inputs)
             if (
                 not (wider if plan.for_small_tiles else fuller or deeper or relaying_pays or wider)
                 or (not copy_result and orders[2] is not None)
