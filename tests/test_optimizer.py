@@ -757,7 +757,7 @@ def test_panel_rows_shrink_at_most_to_half_the_block(monkeypatch):
     from teir.optimizer import primitive
     from teir.optimizer.problem import Axis
 
-    monkeypatch.setattr(primitive, "_packs_rows", lambda row, k, itemsize: True)
+    monkeypatch.setattr(primitive, "_packs_rows", lambda row, block, k, itemsize: True)
     monkeypatch.setattr(primitive, "panel_limit_bytes", lambda: 512 * 1024)
     row = Axis(teir.DimType.N, 256, (0, 1, 1))
     k = Axis(teir.DimType.K, 64, (1, 256, 0))
@@ -862,3 +862,75 @@ def test_rows_read_pages_apart_run_in_blocks(d, blocked):
     assert ("scattered rows: in1's next tiles innermost" in text) == blocked, text
     result = teir.einsum("d,dga->gda", x, y, threads=2)
     np.testing.assert_allclose(result, np.einsum("d,dga->gda", x, y), rtol=1e-6)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_k_steps_keep_an_unpacked_operand_in_l2(threads, monkeypatch):
+    """``ik,kj->ij`` with rows of j 512 bytes apart (no panel) whose tile over all of K
+    outgrows L2: K is cut into steps whose tiles fit a panel, so that the M loop inside
+    finds each step's tile in L2; the first Zero and the last ReLU still apply once."""
+    _small_caches(monkeypatch)
+    a = RNG.uniform(-1, 1, (384, 4096)).astype(np.float32)
+    b = RNG.uniform(-1, 1, (4096, 128)).astype(np.float32)
+    plan = teir.einsum_plan("ik,kj->ij", a, b, threads=threads, relu=True)
+    text = plan.explain()
+    assert "K steps, so that one step's tile of in1 fits a panel" in text
+    assert "is packed" not in text
+    out = RNG.uniform(-1, 1, (384, 128)).astype(np.float32)
+    start = out.copy()
+    teir.einsum("ik,kj->ij", a, b, out=out, threads=threads, relu=True, accumulate=True)
+    expected = np.maximum(start + a.astype(np.float64) @ b.astype(np.float64), 0)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_tile_fitting_l2_is_not_cut_into_k_steps(monkeypatch):
+    """The same product with K short enough that the operand's tile fits L2: no K steps."""
+    _small_caches(monkeypatch)
+    a = RNG.uniform(-1, 1, (384, 512)).astype(np.float32)
+    b = RNG.uniform(-1, 1, (512, 128)).astype(np.float32)
+    plan = teir.einsum_plan("ik,kj->ij", a, b, threads=2)
+    assert "K steps" not in plan.explain()
+    np.testing.assert_allclose(
+        teir.einsum("ik,kj->ij", a, b, threads=2), a @ b, rtol=1e-4, atol=1e-4
+    )
+
+
+def test_rows_a_short_distance_apart_are_packed_by_the_nest_only():
+    """Columns of the vector operand ``panel_leading_bytes`` apart (half the kernel's own
+    packing distance) count as packed where the tile leaves gaps between them; a tile whose
+    columns follow one another without a gap is a panel as it lies."""
+    from teir.codegen.target import Target
+    from teir.lower.panels import panel_leading_bytes
+    from teir.optimizer import primitive
+    from teir.optimizer.problem import Axis
+
+    leading = panel_leading_bytes(Target.host()) // 4  # FP32 elements
+    row = Axis(teir.DimType.N, leading, (0, 1, 1))
+    k = Axis(teir.DimType.K, 4096, (1, leading, 0))
+    assert primitive._packs_rows(row, leading // 2, k, 4)
+    assert not primitive._packs_rows(row, leading, k, 4)
+    near = Axis(teir.DimType.K, 4096, (1, leading // 2, 0))
+    half = Axis(teir.DimType.N, leading // 2, (0, 1, 1))
+    assert not primitive._packs_rows(half, leading // 4, near, 4)
+
+
+def test_a_panel_of_rows_a_short_distance_apart(monkeypatch):
+    """FP32 ``ijk,jkl->il`` with l's rows ``panel_leading_bytes`` apart, shared by two
+    threads: each thread's half of the rows is packed once per K step for the M loop."""
+    from teir.codegen.target import Target
+    from teir.lower.panels import panel_leading_bytes
+
+    _small_caches(monkeypatch)
+    width = panel_leading_bytes(Target.host()) // 4
+    sizes = {"i": 256, "j": 32, "k": 64, "l": width}
+    a = RNG.uniform(-1, 1, [sizes[x] for x in "ijk"]).astype(np.float32)
+    b = RNG.uniform(-1, 1, [sizes[x] for x in "jkl"]).astype(np.float32)
+    plan = teir.einsum_plan("ijk,jkl->il", a, b, threads=2)
+    text = plan.explain()
+    assert "in1's kernel tile" in text and "is packed" in text
+    nest = plan.operation.nest
+    assert nest.panel is not None and nest.panel.tensor is teir.Tensor.IN1
+    expected = np.einsum("ijk,jkl->il", a.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_allclose(
+        teir.einsum("ijk,jkl->il", a, b, threads=2), expected, rtol=1e-4, atol=1e-4
+    )

@@ -6,8 +6,9 @@ copies its A into a contiguous buffer on every call (:func:`teir.codegen.brgemm.
 their iterations repeats that copy on the same data. The nest then copies the tile once, before
 those loops, into a contiguous stack buffer in the kernel's column-major layout (columns padded
 to whole vectors), and the kernel reads the buffer: a BLIS-style packed panel, made only where
-the kernel would have packed anyway, or where A is stored transposed and the buffer lets the
-kernel run its outer-product form. Measured on 2 cores, same arrays in one process, fraction of
+the kernel would have packed anyway, where A is stored transposed and the buffer lets the
+kernel run its outer-product form, or where A's columns lie half as far apart as the kernel's
+own packing asks (:func:`panel_leading_bytes`). Measured on 2 cores, same arrays in one process, fraction of
 the probe's peak without -> with the panel:
 
 - ``abcd,dbef->acef`` 32^6 (A columns 128 KiB apart): FP32 72 -> 99 %, FP64 65 -> 90 %;
@@ -32,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from math import prod
 
-from teir.codegen.brgemm import b_steps_far_apart, choose_blocking
+from teir.codegen.brgemm import b_steps_far_apart, choose_blocking, pack_leading_bytes
 from teir.codegen.specs import BrgemmSpec, UnaryOp, UnarySpec
 from teir.codegen.target import Target, cache_sizes
 from teir.codegen.transpose import LINE_BYTES
@@ -90,6 +91,16 @@ def plan_panel(
     if a_panel[0] is not None:
         return a_panel
     return _b_panel(loop_sizes, loop_strides, main, main_zero, target)
+
+
+def panel_leading_bytes(target: Target) -> int:
+    """How far apart A's columns must lie for the nest to pack A into a panel for the loops
+    that reuse it: half the distance at which the kernel packs A on every call. Closer
+    columns still leave the kernel's A tile in rows of their own, each a prefetch stream and
+    a part of a page (FP32 ``ijk,jkl->il`` 256 x 64 x 64 x 256, A's columns 1 KiB apart, in
+    4 K steps on 2 threads: 1.79 -> 1.35 ms; ``abc,bcd->ad`` 200 x 3000 x 300 1.20 -> 1.06
+    ms). Only tiles of two vectors or more: an A of 8 rows padded to 16 lost 7 %."""
+    return pack_leading_bytes(target) // 2
 
 
 def a_spread(spec: BrgemmSpec) -> bool:
@@ -179,13 +190,20 @@ def _a_panel(
     # A transposed A (unit stride on K) runs the dot or mirror form; once transposed into the
     # buffer it runs the outer form (1024^3 ki,jk->ij: 89 -> 96 % FP32, 83 -> 92 % FP64).
     transposes = spec.trans_a and spec.m >= lanes and spec.k >= lanes
-    if not (choose_blocking(spec, target).pack_a or transposes or a_spread(spec)):
+    padded = -(-spec.m // lanes) * lanes
+    # (columns farther apart are the kernel's own rule's to pack or not)
+    rows_apart = (
+        not spec.trans_a
+        and spec.m >= 2 * lanes
+        and spec.lda > padded
+        and panel_leading_bytes(target) <= spec.lda * spec.itemsize < pack_leading_bytes(target)
+    )
+    if not (choose_blocking(spec, target).pack_a or transposes or a_spread(spec) or rows_apart):
         return unchanged
     tensor = main.operands[0]
     depth, reuse = _reuse_depth(loop_sizes, loop_strides, tensor)
     if reuse < 2:
         return unchanged
-    padded = -(-spec.m // lanes) * lanes
     elements = spec.batch * spec.k * padded
     if elements * spec.itemsize > panel_limit_bytes():
         return unchanged
