@@ -8,8 +8,8 @@ those loops, into a contiguous stack buffer in the kernel's column-major layout 
 to whole vectors), and the kernel reads the buffer: a BLIS-style packed panel, made only where
 the kernel would have packed anyway, where A is stored transposed and the buffer lets the
 kernel run its outer-product form, or where A's columns lie half as far apart as the kernel's
-own packing asks (:func:`panel_leading_bytes`). Measured on 2 cores, same arrays in one process, fraction of
-the probe's peak without -> with the panel:
+own packing asks (:func:`panel_leading_bytes`). Measured on 2 cores, same arrays in one
+process, fraction of the probe's peak without -> with the panel:
 
 - ``abcd,dbef->acef`` 32^6 (A columns 128 KiB apart): FP32 72 -> 99 %, FP64 65 -> 90 %;
 - 1024^3 ``ik,kj->ij`` (A columns 4 KiB apart): FP32 91 -> 99 %, FP64 82 -> 92 %;
