@@ -25,10 +25,12 @@ from teir.frontend import copy_fallback, element_layout
 from teir.frontend.direct_call import DirectCall, direct_call
 from teir.frontend.einsum_parse import EinsumError, from_sublists, parse
 from teir.frontend.einsum_plan import (
+    POOR_FILL,
     SHORT_DEPTH_GAIN,
     TILE_GAIN,
     Operand,
     Plan,
+    canonical_orders,
     compute_bound,
     gathered_dots,
     kernel_depth,
@@ -36,6 +38,7 @@ from teir.frontend.einsum_plan import (
     make_plan,
     one_element,
     operand,
+    partner_copy,
     placeholder,
     relaid,
     relayout_pays,
@@ -248,15 +251,18 @@ def _plan(
         # cdebh,ehdbf->hfdbc 0.43 -> 1.05 ms, fd,gahf->ahdg 0.07 -> 0.21 ms).
         intense = compute_bound(plan, inputs)
         copy_result = not runs_kernels(plan) or intense
-        plan.canonical, plan.product = copy_fallback.choose(
-            plan, inputs, out, contraction, relaying, copy_result
-        )
+        if partner_copy(plan, inputs):
+            plan.canonical, plan.product = _partner_copy(plan, inputs, out, contraction)
+        else:
+            plan.canonical, plan.product = copy_fallback.choose(
+                plan, inputs, out, contraction, relaying, copy_result
+            )
         # A plan that runs kernels as the operands lie, filling few vector lanes or summing
         # short runs of K: the copies pay only when their kernel fills at least twice as
         # many lanes, or sums several times as many steps with as many lanes; one running
         # another kernel than the plain outer-product one, when they give that kernel (or
         # one nearer to it: ``relaid``) within the scratch buffer's size.
-        if runs_kernels(plan):
+        if runs_kernels(plan) and plan.product is not None:
             product, orders = plan.product, plan.canonical
             assert product is not None and orders is not None
             fuller = vector_fill(product) >= 2 * vector_fill(plan)
@@ -298,6 +304,35 @@ def _plan(
             plan.split = plan_split(parsed, arrays, threads, chain)
     _cache(key, (plan, direct, direct_call(plan, inputs, arrays, out, accumulate, relu)))
     return plan, direct
+
+
+def _partner_copy(
+    plan: Plan,
+    inputs: list[Operand],
+    out: np.ndarray | None,
+    contraction: copy_fallback.PlanStep,
+) -> tuple[element_layout.Orders | None, Plan | None]:
+    """(orders, product) of the copy of the small input alone (``partner_copy``): in the
+    kernel's order or the transposed product's, the first whose kernel fills at least twice
+    as many lanes and no longer few (``POOR_FILL``); (None, None) where neither does (a dot
+    form along a K of 3 after the copy, FP32 edb,gehabd->ahgb: 1.4x slower)."""
+    assert plan.canonical is not None
+    small = 0 if inputs[0].array.size <= inputs[1].array.size else 1
+    mirrored = canonical_orders(inputs, plan.subscripts.output, mirrored=True)
+    for chosen in (plan.canonical, mirrored):
+        orders: element_layout.Orders = (
+            (chosen[0], None, None)
+            if small == 0
+            else (
+                None,
+                chosen[1],
+                None,
+            )
+        )
+        product = copy_fallback.copies_planned(plan, inputs, out, contraction, orders)
+        if product is not None and vector_fill(product) >= max(POOR_FILL, 2 * vector_fill(plan)):
+            return orders, product
+    return None, None
 
 
 def _keep_replay(

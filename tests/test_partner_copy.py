@@ -1,0 +1,84 @@
+"""A memory-bound contraction whose kernel fills few vector lanes, beside a small input: only
+that input is copied, into a layout whose kernel fills them (``einsum_plan.partner_copy``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import teir
+from teir.frontend import einsum_plan
+
+SIZES = {"g": 4, "e": 31, "d": 12, "b": 48, "f": 31}
+
+
+def _operands(sizes: dict[str, int], dtype, seed: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    big = rng.standard_normal([sizes[x] for x in "edgbf"]).astype(dtype)
+    small = rng.standard_normal([sizes[x] for x in "feb"]).astype(dtype)
+    return big, small
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_small_input_alone_is_copied(dtype):
+    """``edgbf,feb->gd``: the kernel as the operands lie fills one lane of 16 (FP32) along g;
+    the small input copied with e, b, f in the large one's order gives dot products along
+    the large input's contiguous b, f."""
+    big, small = _operands(SIZES, dtype)
+    plan = teir.einsum_plan("edgbf,feb->gd", big, small, threads=2)
+    assert plan.canonical == (None, "ebf", None)
+    assert "in1 is copied into the order ebf" in plan.explain()
+    assert einsum_plan.vector_fill(plan.product) >= einsum_plan.POOR_FILL
+    expected = np.einsum("edgbf,feb->gd", big.astype(np.float64), small.astype(np.float64))
+    tolerance = 1e-3 if dtype == np.float32 else 1e-10
+    for _ in range(3):  # the first call records the steps, the others replay them
+        result = teir.einsum("edgbf,feb->gd", big, small, threads=2)
+        np.testing.assert_allclose(result, expected, rtol=tolerance, atol=tolerance)
+    out = np.full((4, 12), -1e3, dtype)
+    start = out.copy()
+    for _ in range(2):
+        teir.einsum("edgbf,feb->gd", big, small, out=out, accumulate=True, relu=True)
+        start = np.maximum(start + expected, 0)
+        np.testing.assert_allclose(out, start, rtol=tolerance, atol=tolerance)
+
+
+def test_a_strided_view_of_the_large_input():
+    """The large input as a view with a step along e and a reversed d: still only the small
+    one is copied (the view is read in place), and the result equals NumPy's."""
+    sizes = dict(SIZES, e=62)
+    big, small = _operands(sizes, np.float32)
+    view = big[::2, ::-1]
+    small = small[:, ::2]
+    assert teir.einsum_plan("edgbf,feb->gd", view, small, threads=2).canonical == (
+        None,
+        "ebf",
+        None,
+    )
+    expected = np.einsum("edgbf,feb->gd", view.astype(np.float64), small.astype(np.float64))
+    result = teir.einsum("edgbf,feb->gd", view, small, threads=2)
+    np.testing.assert_allclose(result, expected, rtol=1e-3, atol=1e-3)
+
+
+def test_small_contractions_and_equal_partners_stay_in_place():
+    """Under ``PARTNER_MIN_BYTES`` the copy's call costs more than the kernel gains; an
+    input as large as the other is no partner of it."""
+    sizes = dict(SIZES, e=3)
+    big, small = _operands(sizes, np.float32)
+    assert big.nbytes < einsum_plan.PARTNER_MIN_BYTES
+    plan = teir.einsum_plan("edgbf,feb->gd", big, small, threads=2)
+    assert plan.canonical is None
+    np.testing.assert_allclose(
+        teir.einsum("edgbf,feb->gd", big, small, threads=2),
+        np.einsum("edgbf,feb->gd", big, small),
+        rtol=1e-4,
+        atol=1e-4,
+    )
+    big, small = _operands(SIZES, np.float32)
+    out = np.empty((4, 12), np.float32)
+    plan = teir.einsum_plan("edgbf,feb->gd", big, small, out=out, threads=2)
+    as_they_lie = [
+        einsum_plan.operand(big, tuple("edgbf"), 0),
+        einsum_plan.operand(small, tuple("feb"), 1),
+    ]
+    assert einsum_plan.partner_copy(plan, as_they_lie)
+    assert not einsum_plan.partner_copy(plan, [as_they_lie[0], as_they_lie[0]])
