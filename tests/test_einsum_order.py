@@ -133,7 +133,7 @@ def test_a_bad_order_is_refused():
 
 class _Op:
     def __init__(self, labels, strides):
-        self.labels, self.strides, self.array = list(labels), strides, None
+        self.labels, self.strides, self.array = list(labels), strides, np.empty(0)
 
 
 def test_candidates_group_the_labels_by_role_in_the_operands_memory_order():
@@ -193,3 +193,44 @@ def test_generated_einsums_in_every_order_equal_numpy(case):
             assert np.asarray(result).flags.c_contiguous
         elif order == "F":
             assert np.asarray(result).flags.f_contiguous
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_k_streams_a_large_input_beside_a_small_one(dtype):
+    """``heb,h->be``: memory-bound, a 16 MB (FP32) input beside a vector; "K" lays the result
+    out with the large input's unit stride b innermost (a vector-matrix product streaming
+    its rows), which the kernel cost model alone would not choose."""
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((80, 64, 776)).astype(dtype)
+    x = rng.standard_normal(80).astype(dtype)
+    plan = teir.einsum_plan("heb,h->be", a, x, threads=2)
+    assert plan.memory_order == (1, 0)
+    result = teir.einsum("heb,h->be", a, x, threads=2)
+    assert result.shape == (776, 64) and result.strides[0] == result.itemsize
+    expected = np.einsum("heb,h->be", a.astype(np.float64), x.astype(np.float64))
+    tolerance = 1e-4 if dtype == np.float32 else 1e-11
+    np.testing.assert_allclose(result, expected, rtol=tolerance, atol=tolerance)
+    # C keeps the listed order
+    listed = teir.einsum("heb,h->be", a, x, threads=2, order="C")
+    assert listed.flags.c_contiguous
+    np.testing.assert_allclose(listed, expected, rtol=tolerance, atol=tolerance)
+
+
+def test_k_does_not_stream_short_runs_small_inputs_or_equal_partners():
+    """No streaming layout where the large input's unit-stride run is shorter than a line,
+    where it has under 1 MiB, or where the other input is not much smaller."""
+    from teir.frontend import result_layout
+
+    rng = np.random.default_rng(8)
+    short = rng.standard_normal((4096, 96, 3)).astype(np.float32)  # f of 3 innermost
+    x = rng.standard_normal(4096).astype(np.float32)
+    assert teir.einsum_plan("hef,h->fe", short, x, threads=2).memory_order is None
+    np.testing.assert_allclose(
+        teir.einsum("hef,h->fe", short, x, threads=2),
+        np.einsum("hef,h->fe", short, x),
+        rtol=1e-3,
+        atol=1e-3,
+    )
+    assert result_layout.STREAMING_MIN_BYTES > 64 * 1024
+    small = rng.standard_normal((8, 16, 64)).astype(np.float32)
+    assert teir.einsum_plan("heb,h->be", small, x[:8], threads=2).memory_order is None
