@@ -321,13 +321,9 @@ def _partner_copy(
     mirrored = canonical_orders(inputs, plan.subscripts.output, mirrored=True)
     for chosen in (plan.canonical, mirrored):
         orders: element_layout.Orders = (
-            (chosen[0], None, None)
-            if small == 0
-            else (
-                None,
-                chosen[1],
-                None,
-            )
+            chosen[0] if small == 0 else None,
+            chosen[1] if small == 1 else None,
+            None,
         )
         product = copy_fallback.copies_planned(plan, inputs, out, contraction, orders)
         if product is not None and vector_fill(product) >= max(POOR_FILL, 2 * vector_fill(plan)):
