@@ -50,63 +50,87 @@ class FallbackCall:
 
     Roots are numbered: the operands first, then the result, then the scratch buffers."""
 
-    dtype: np.dtype[Any]
-    out_shape: tuple[int, ...]
-    operand_count: int
-    spans: tuple[tuple[int, int], ...]  # each operand's (offset, bytes) from its address
-    out_span: tuple[int, int] | None  # None: calls without out get a new result
+    frame: ReplayFrame
     scratch_offsets: tuple[int, ...]  # each scratch buffer's byte offset in the scratch
     scratch_bytes: int
     steps: tuple[ReplayStep, ...]
-    memory_order: tuple[int, ...] | None = None  # a new result's layout (None: C order)
 
     def __call__(self, operands: tuple[np.ndarray, ...], out: np.ndarray | None) -> Any:
         """The result (a new array, or ``out``), or None where the full path must run (an
         operand of another dtype, out read-only or overlapping an operand)."""
-        dtype = self.dtype
-        addresses = replay_addresses(
-            dtype, operands, out, self.operand_count, self.spans, self.out_span
-        )
-        if addresses is None:
+        begun = self.frame.begin(operands, out)
+        if begun is None:
             return None
-        result = out if out is not None else new_result(self.out_shape, dtype, self.memory_order)
+        addresses, result = begun
         addresses.append(data_address(result))
         with ScratchBytes(self.scratch_bytes) as base:
             addresses.extend(base + offset for offset in self.scratch_offsets)
             addresses.append(0)  # root -1: no array
             for run, (r0, o0), (r1, o1), (r2, o2) in self.steps:
                 run(addresses[r0] + o0, addresses[r1] + o1, addresses[r2] + o2)
-        return result[()] if out is None and result.ndim == 0 else result
+        return replay_result(result, out)
 
 
-def replay_addresses(
-    dtype: np.dtype[Any],
-    operands: Sequence[np.ndarray],
-    out: np.ndarray | None,
-    operand_count: int,
-    spans: Sequence[tuple[int, int]],
-    out_span: tuple[int, int] | None,
-) -> list[int] | None:
-    """The operands' data addresses for a replay recorded with ``spans`` (each operand's
-    offset and bytes from its address) and ``out_span`` (out's; None: recorded without
-    out), or None where the call needs the full path: another operand count, dtype or
-    alignment, out given or not unlike the recording, out read-only or overlapping an
-    operand."""
-    if len(operands) != operand_count or (out is None) != (out_span is None):
-        return None
-    for array in operands if out is None else (*operands, out):
-        if (array.dtype is not dtype and array.dtype != dtype) or not array.flags.aligned:
+@dataclass(frozen=True)
+class ReplayFrame:
+    """What a replay (the fallback's, a split's) checks a call against and how it makes the
+    call's result: the operands' dtype and spans as recorded, out's span (None: recorded
+    without out), a new result's shape and layout."""
+
+    dtype: np.dtype[Any]
+    out_shape: tuple[int, ...]
+    operand_count: int
+    spans: tuple[tuple[int, int], ...]  # each operand's (offset, bytes) from its address
+    out_span: tuple[int, int] | None  # None: calls without out get a new result
+    memory_order: tuple[int, ...] | None = None  # a new result's layout (None: C order)
+
+    @classmethod
+    def recorded(
+        cls,
+        dtype: np.dtype[Any],
+        out_shape: tuple[int, ...],
+        operands: Sequence[np.ndarray],
+        out: np.ndarray | None,
+        memory_order: tuple[int, ...] | None,
+    ) -> ReplayFrame:
+        """The frame of a run recorded on ``operands`` and ``out``."""
+        return cls(
+            dtype,
+            out_shape,
+            len(operands),
+            tuple(ArrayLayout(a.shape, a.strides).span(a.itemsize) for a in operands),
+            None if out is None else ArrayLayout(out.shape, out.strides).span(out.itemsize),
+            memory_order,
+        )
+
+    def begin(
+        self, operands: Sequence[np.ndarray], out: np.ndarray | None
+    ) -> tuple[list[int], np.ndarray] | None:
+        """(the operands' data addresses, the result: ``out`` or a new array), or None
+        where the call needs the full path: another operand count, dtype or alignment, out
+        given or not unlike the recording, out read-only or overlapping an operand."""
+        dtype, out_span = self.dtype, self.out_span
+        if len(operands) != self.operand_count or (out is None) != (out_span is None):
             return None
-    addresses = [data_address(array) for array in operands]
-    if out is not None:
+        for array in operands if out is None else (*operands, out):
+            if (array.dtype is not dtype and array.dtype != dtype) or not array.flags.aligned:
+                return None
+        addresses = [data_address(array) for array in operands]
+        if out is None:
+            return addresses, new_result(self.out_shape, dtype, self.memory_order)
         assert out_span is not None
         if not out.flags.writeable:
             return None
         start = data_address(out) + out_span[0]
-        for address, (offset, count) in zip(addresses, spans):
+        for address, (offset, count) in zip(addresses, self.spans):
             if overlaps(start, out_span[1], address + offset, count):
                 return None
-    return addresses
+        return addresses, out
+
+
+def replay_result(result: np.ndarray, out: np.ndarray | None) -> Any:
+    """What einsum returns for a replay's ``result``: a scalar for a new 0-d one."""
+    return result[()] if out is None and result.ndim == 0 else result
 
 
 def _span(array: np.ndarray) -> tuple[int, int]:
@@ -154,13 +178,8 @@ def fallback_call(
         replayed.append((step.call.run, in0, in1, target))
     offsets, total = layout([buffer.shape for buffer in buffers], dtype)
     return FallbackCall(
-        dtype,
-        out_shape,
-        len(operands),
-        tuple(ArrayLayout(a.shape, a.strides).span(a.itemsize) for a in operands),
-        None if out is None else ArrayLayout(out.shape, out.strides).span(out.itemsize),
+        ReplayFrame.recorded(dtype, out_shape, operands, out, memory_order),
         tuple(offsets),
         total,
         tuple(replayed),
-        memory_order,
     )

@@ -17,10 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from teir.buffers import new_result
-from teir.frontend.fallback_call import replay_addresses
+from teir.frontend.fallback_call import ReplayFrame, replay_result
 from teir.kernels.arrays import data_address
-from teir.runtime.checked_call import ArrayLayout
 from teir.runtime.scratch import scratch
 
 # A part's run: (run on addresses, in0's and in1's byte offsets from the operands' data
@@ -32,17 +30,12 @@ PartRun = tuple[Callable[[int, int, int], None], int, int, int]
 class SplitCall:
     """The recorded runs of a split plan's parts, replayed on a call's addresses."""
 
-    dtype: np.dtype[Any]
-    out_shape: tuple[int, ...]
-    operand_count: int
-    spans: tuple[tuple[int, int], ...]  # each operand's (offset, bytes) from its address
-    out_span: tuple[int, int] | None  # None: calls without out get a new result
+    frame: ReplayFrame
     parts_shape: tuple[int, ...]  # the temporary: (parts, *out_shape)
     parts_bytes: int
     runs: tuple[PartRun, ...]
     accumulate: bool
     relu: bool
-    memory_order: tuple[int, ...] | None = None  # a new result's layout (None: C order)
 
     def _run(self, addresses: list[int], parts: np.ndarray, result: np.ndarray) -> None:
         base = data_address(parts)
@@ -53,15 +46,13 @@ class SplitCall:
     def __call__(self, operands: tuple[np.ndarray, ...], out: np.ndarray | None) -> Any:
         """The result (a new array, or ``out``), or None where the full path must run (an
         operand of another dtype, out read-only or overlapping an operand)."""
-        dtype = self.dtype
-        addresses = replay_addresses(
-            dtype, operands, out, self.operand_count, self.spans, self.out_span
-        )
-        if addresses is None:
+        begun = self.frame.begin(operands, out)
+        if begun is None:
             return None
+        addresses, result = begun
         if len(addresses) == 1:
             addresses.append(0)
-        result = out if out is not None else new_result(self.out_shape, dtype, self.memory_order)
+        dtype = self.frame.dtype
         if self.parts_bytes <= SMALL_PARTS_BYTES:  # cheaper than the scratch buffer's lock
             self._run(addresses, np.empty(self.parts_shape, dtype), result)
         else:
@@ -69,7 +60,7 @@ class SplitCall:
                 self._run(addresses, parts, result)
         if self.relu:
             np.maximum(result, 0, out=result)
-        return result[()] if out is None and result.ndim == 0 else result
+        return replay_result(result, out)
 
 
 # Temporaries up to this size are allocated for each call (about 0.2 us; the scratch
@@ -113,21 +104,13 @@ def split_call(
         offsets = [data_address(view) - origin for view, origin in zip(views, origins)]
         offsets += [0] * (2 - len(offsets))
         runs.append((call.run, offsets[0], offsets[1], data_address(target) - base))
-    spans = tuple(
-        ArrayLayout(array.shape, array.strides).span(array.itemsize) for array in operands
-    )
     return SplitCall(
-        dtype,
-        out_shape,
-        len(operands),
-        spans,
-        None if out is None else ArrayLayout(out.shape, out.strides).span(out.itemsize),
+        ReplayFrame.recorded(dtype, out_shape, operands, out, memory_order),
         parts.shape,
         parts.nbytes,
         tuple(runs),
         accumulate,
         relu,
-        memory_order,
     )
 
 
