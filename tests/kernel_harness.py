@@ -43,7 +43,8 @@ def compile_many(
     addresses = jit.load_object(jit.compile_object(module.text(), target), names)
     functions = []
     for spec, name in zip(specs, names):
-        pointers = 3 if isinstance(spec, BrgemmSpec) else 2
+        scaled = isinstance(spec, UnarySpec) and spec.scale is not None
+        pointers = 3 if isinstance(spec, BrgemmSpec) or scaled else 2
         signature = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * pointers))
         functions.append(signature(addresses[name]))
     return functions
@@ -171,7 +172,16 @@ def run_unary(
         used_a[at.ravel()] = True
         a = guarded(rng.uniform(-1, 1, ea).astype(dtype), used_a, np.nan, shifts[0])
         source = a.data[at]
-        function(a.address, b.address)
+        if spec.scale is None:
+            function(a.address, b.address)
+        else:  # B := op(A^T * S), S's element (i, j) at i * scale[0] + j * scale[1]
+            es = spec.extent_s()
+            st = spec.scale[0] * np.arange(spec.m)[:, None] + spec.scale[1] * np.arange(spec.n)
+            used_s = np.zeros(es, dtype=bool)
+            used_s[st.ravel()] = True
+            s = guarded(rng.uniform(-2, 2, es).astype(dtype), used_s, np.nan, shifts[1])
+            source = source * s.data[st]
+            function(a.address, b.address, s.address)
     elif spec.reads_a:
         ea = spec.extent_a()
         a = guarded(

@@ -385,6 +385,52 @@ def test_transposed_columns_each_on_their_own_line_boundaries(dtype):
             run_unary(spec, function, seed, (shift_b % 3, shift_b))
 
 
+@pytest.mark.parametrize("streamed", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_transposed_copy_scaled_by_a_vector_or_per_column(dtype, streamed):
+    """The transposed kernel that scales A^T elementwise (``scale``: S along B's columns, or
+    one value per column of B), as elementwise products that write an input transposed run
+    it: every block form (edges within a vector, masked rows of a shifted grid, columns
+    shifted each on its own line boundaries, tails) multiplies the right elements of S, at
+    every alignment, and touches nothing outside B (S's unused elements are NaN)."""
+    lanes = HOST.lanes(4 if dtype == "f32" else 8)
+    forms = [  # m, n, lda, ldb, stream_b
+        (3, 2, 5, 4, False),
+        (lanes + 3, lanes - 1, 2 * lanes, lanes + 5, False),
+        (9 * lanes + 5, 10 * lanes + 3, 11 * lanes, 16 * lanes, False),  # shifted rows
+        (8 * lanes, 8 * lanes, 8 * lanes, 8 * lanes, True),
+        (3 * lanes + 1, lanes + 3, 2 * lanes, 4 * lanes + 3, True),  # columns shifted each
+        (10 * lanes + 5, 8 * lanes + 3, 9 * lanes, 11 * lanes + 1, True),  # rows of blocks
+    ]
+    specs, shifts = [], []
+    for m, n, lda, ldb, stream in forms:
+        for op, scale in (
+            (UnaryOp.COPY, (1, 0)),
+            (UnaryOp.COPY, (0, 1)),
+            (UnaryOp.RELU, (1, m + 2)),
+            (UnaryOp.COPY, (0, 0)),
+        ):
+            for shift in ((0, 0), (1, lanes - 1), (lanes // 2, 3)):
+                specs.append(
+                    UnarySpec(dtype, op, m, n, lda, ldb, trans_a=True, stream_b=stream, scale=scale)
+                )
+                shifts.append(shift)
+    functions = compile_many(specs, HOST, streamed=streamed)
+    for seed, (spec, function, shift) in enumerate(zip(specs, functions, shifts)):
+        run_unary(spec, function, seed, shift)
+
+
+def test_scaled_copies_are_checked():
+    with pytest.raises(KernelError, match="transposed"):
+        UnarySpec("f32", UnaryOp.COPY, 10, 4, scale=(1, 0))
+    with pytest.raises(KernelError, match="scale strides"):
+        UnarySpec("f32", UnaryOp.COPY, 10, 4, trans_a=True, scale=(2, 0))
+    with pytest.raises(KernelError, match="scale"):
+        UnarySpec("f32", UnaryOp.COPY, 10, 4, trans_a=True, scale=(0, -1))
+    spec = UnarySpec("f64", UnaryOp.COPY, 10, 4, trans_a=True, scale=(1, 10))
+    assert "scaled1x10" in spec.name and spec.extent_s() == 9 + 30 + 1
+
+
 def test_rows_in_runs_are_checked():
     with pytest.raises(KernelError, match="m_inner must divide"):
         UnarySpec("f32", UnaryOp.COPY, 10, 4, trans_a=True, m_inner=3, lda_outer=40)

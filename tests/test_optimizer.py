@@ -17,6 +17,7 @@ from strategies import configs
 from teir import reference
 from teir.frontend import einsum_plan
 from teir.frontend.einsum import clear_plans
+from teir.lower.nest import lower
 
 RNG = np.random.default_rng(7)
 
@@ -794,30 +795,42 @@ def _loops(config: teir.Config) -> list[tuple[int, int, int]]:
 
 
 @pytest.mark.parametrize(("rows", "columns"), [(2048, 640), (2048, 97), (4, 5)])
-def test_elementwise_products_follow_both_tensors_memory_order(rows, columns):
-    """A permuted elementwise product (one-element kernels, no K loop) whose output-order
-    loops would lose in0's cache lines runs in blocks: in0's next elements innermost, the
-    output's next around them; a unit-stride extent with no block (97) goes outside the
-    output's run (each step would write another page); small ones keep the output's order."""
-    data = _scaled_transpose(rows, columns)
+def test_scaled_transposes_run_in_transposed_tiles(rows, columns):
+    """A permuted elementwise product (one-element kernels, no K loop) that writes its input
+    transposed runs tiles of the output's and in0's unit-stride loops innermost, cut as a
+    transposing Copy's tiles (97, no good block, whole), on the scaled transposing kernel;
+    the threads share loops outside the tile. Small ones keep the output's order. (The
+    kernel overwrites its tile: the product has a first Zero.)"""
+    data = dict(_scaled_transpose(rows, columns), prim_first="Zero")
     config, log = teir.optimize_with_log(data, threads=2)
     loops = _loops(config)
+    nest = lower(config)
     if rows * columns < 1000:
-        assert "elementwise" not in log[3], log
+        assert "transposed" not in log[3] and nest.transposed is None, log
         assert loops[-1][2] == 1  # the output's unit stride innermost
-    elif columns == 97:
-        assert "97 of them in no blocks" in log[3], log
-        assert loops[-1][2] == 1 and loops[-2] == (columns, 1, rows)
     else:
-        assert "elementwise: in0's next elements innermost" in log[3], log
-        assert loops[-1][1] == 1 and 4 <= loops[-1][0] <= 16  # in0 in short runs
-        assert loops[-2][2] == 1 and 16 <= loops[-2][0] <= 64  # the output's run outside
+        assert "transposed tile" in log[3], log
+        assert loops[-2][2] == 1 and loops[-1][1] == 1  # out's rows, then in0's columns
+        assert 64 <= loops[-2][0] <= 512 and loops[-1][0] in (97, 128)  # tile sizes
+        assert nest.transposed is not None and nest.transposed.depth == len(nest.loops) - 2
+        assert not any(loop.parallel for loop in nest.loops[-2:])
     assert [size_products(config)[t] for t in teir.DimType] == [rows, columns, 1, 1]
     a = RNG.standard_normal((rows, columns)).astype(np.float32)
     b = RNG.standard_normal(rows).astype(np.float32)
-    c = np.zeros((columns, rows), np.float32)  # GEMM adds to it
+    c = np.full((columns, rows), np.nan, np.float32)  # overwritten
     teir.compile(config, threads=2)(a, b, c)
     np.testing.assert_allclose(c, (a * b[:, None]).T, rtol=1e-6)
+
+
+def test_accumulated_scaled_transposes_read_in0_in_runs():
+    """Added into the output (no first Zero), the same product keeps the one-element nest,
+    in0's next elements innermost in runs, the output's around them."""
+    config, log = teir.optimize_with_log(_scaled_transpose(2048, 640), threads=2)
+    assert "elementwise: in0's next elements innermost" in log[3], log
+    loops = _loops(config)
+    assert loops[-1][1] == 1 and 4 <= loops[-1][0] <= 16  # in0 in short runs
+    assert loops[-2][2] == 1 and 16 <= loops[-2][0] <= 64  # the output's run outside
+    assert lower(config).transposed is None
 
 
 def test_elementwise_order_reads_the_larger_input_in_runs():

@@ -123,6 +123,9 @@ def nest_function(nest: LoopNest, target: Target, module: Module, name: str) -> 
     panel = nest.panel
     if panel is not None:
         _tile_op_function(panel.copy, target, module, f"{name}.pack")
+    transposed = nest.transposed
+    if transposed is not None:
+        _tile_op_function(transposed.op, target, module, f"{name}.transposed")
     t = scalar_type(nest.config.data_type.itemsize)
     probes = probe_attribute(target, nest_stack_bytes(nest, target))
     f = FunctionBuilder(
@@ -212,6 +215,10 @@ def nest_function(nest: LoopNest, target: Target, module: Module, name: str) -> 
     ) -> None:
         if panel is not None and depth == panel.depth:
             pack(offsets)
+        if transposed is not None and depth == transposed.depth:
+            tiles = [f.gep(t, base, offsets[i]) for i, base in enumerate(("%in0", "%in1", "%out"))]
+            f.emit(f"call void @{name}.transposed({', '.join(f'ptr {p}' for p in tiles)})")
+            return
         if depth == len(loops):
             innermost(offsets, indices, following)
             return

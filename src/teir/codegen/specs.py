@@ -130,6 +130,11 @@ class UnarySpec:
     A transposed A may lie in runs (``m_inner``): its rows come ``m_inner`` at a time ``lda``
     apart, run q starting at ``q * lda_outer`` (two axes that are contiguous in B but not
     in A, such as i and j of ``ijkl->lkji``), so that B's columns are long.
+
+    A transposed A may be scaled elementwise (``scale``, an internal extension for
+    elementwise products, see ``teir.lower.products``): ``B := op(A^T * S)`` with element
+    (i, j) of S at ``i * scale[0] + j * scale[1]``, ``scale[0]`` 0 (one value per column of
+    B) or 1 (S runs along B's columns).
     """
 
     dtype: str
@@ -143,6 +148,7 @@ class UnarySpec:
     stream_b: bool = False
     m_inner: int = 0
     lda_outer: int = 0
+    scale: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         _itemsize(self.dtype)
@@ -177,6 +183,13 @@ class UnarySpec:
             _check_at_least("lda_outer", self.lda_outer, self.n, "the extent of a column of A")
         elif self.lda_outer:
             raise KernelError("lda_outer is set without m_inner")
+        if self.scale is not None:
+            if not self.trans_a or self.m_inner or not reads:
+                raise KernelError("a scaled A must be transposed, read whole, not in runs")
+            rows, cols = self.scale
+            if rows not in (0, 1) or isinstance(cols, bool) or not isinstance(cols, int):
+                raise KernelError(f"scale strides must be (0 or 1, int >= 0); got {self.scale}")
+            _check_at_least("the scale's column stride", cols, 0, "a stride")
 
     @property
     def itemsize(self) -> int:
@@ -205,6 +218,12 @@ class UnarySpec:
     def extent_b(self) -> int:
         return (self.n - 1) * self.ldb + self.m
 
+    def extent_s(self) -> int:
+        """Elements from S's first to one past its last element (0 without a scale)."""
+        if self.scale is None:
+            return 0
+        return (self.m - 1) * self.scale[0] + (self.n - 1) * self.scale[1] + 1
+
     @property
     def bytes_moved(self) -> int:
         """Bytes read plus bytes written by one call."""
@@ -216,7 +235,8 @@ class UnarySpec:
         kind = "inplace" if self.in_place else ("t" if self.trans_a else "n")
         stream = "_stream" if self.stream_b else ""
         runs = f"_runs{self.m_inner}x{self.lda_outer}" if self.m_inner else ""
+        scaled = f"_scaled{self.scale[0]}x{self.scale[1]}" if self.scale else ""
         return (
             f"unary_{self.op.value}_{self.dtype}_{self.m}x{self.n}_{kind}_{self.lda}_{self.ldb}"
-            f"{runs}{stream}"
+            f"{runs}{scaled}{stream}"
         )

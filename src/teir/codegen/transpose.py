@@ -221,7 +221,8 @@ class _Transpose:
         columns = e.transpose(vectors)
         for jj in range(cols):
             offset = f.add_i64(i0, f.mul_i64(f.add_i64(j0, jj), spec.ldb))
-            self.masked_store(e.apply(columns[jj]), offset, mask)
+            value = e.apply(columns[jj], i0, f.add_i64(j0, jj), mask=mask)
+            self.masked_store(value, offset, mask)
 
     def lane_mask(self, bits: str) -> str:
         """The lane mask whose lane t is bit t of the i64 ``bits``."""
@@ -250,7 +251,9 @@ class _Transpose:
         vectors = [
             e.load("%A", f.add_i64(j0, e.a_row(f.add_i64(i0, ii))), lanes) for ii in range(lanes)
         ]
-        columns = [e.apply(column) for column in e.transpose(vectors)]
+        columns = [
+            e.apply(column, i0, f.add_i64(j0, jj)) for jj, column in enumerate(e.transpose(vectors))
+        ]
 
         def store(streamed: bool) -> None:
             for jj, column in enumerate(columns):
@@ -522,7 +525,10 @@ class _ShiftedColumns:
             else "zeroinitializer"
             for ii in range(self.lanes)
         ]
-        return [e.apply(column) for column in e.transpose(vectors)]
+        return [
+            e.apply(column, i0, f.add_i64(j0, jj), rows)
+            for jj, column in enumerate(e.transpose(vectors))
+        ]
 
     def each_block_of_columns(self, body: Callable[[Size, int], None]) -> None:
         """``body(j0, cols)`` for every block of columns, the last one partial."""

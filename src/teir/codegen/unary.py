@@ -49,10 +49,11 @@ class _UnaryEmitter:
         if spec.stream_b:
             module.declare("nontemporal", f"!{NONTEMPORAL} = !{{i32 1}}")
         reads = "readonly " if spec.reads_a else ""
+        scale = ", ptr noalias readonly %S" if spec.scale is not None else ""
         self.f = FunctionBuilder(
             module,
-            f"define {linkage} void @{name}(ptr noalias {reads}%A, ptr noalias %B) nounwind "
-            f"{attributes}",
+            f"define {linkage} void @{name}(ptr noalias {reads}%A, ptr noalias %B{scale}) "
+            f"nounwind {attributes}",
         )
 
     def load(self, base: str, offset: str | int, active: int) -> str:
@@ -75,7 +76,18 @@ class _UnaryEmitter:
             f"!nontemporal !{NONTEMPORAL}"
         )
 
-    def apply(self, value: str) -> str:
+    def apply(
+        self,
+        value: str,
+        i0: str | int = 0,
+        j: str | int = 0,
+        rows: int | None = None,
+        mask: str | None = None,
+    ) -> str:
+        """op of the vector holding B's rows ``i0 ..`` of column ``j`` (``rows`` of them, or
+        the lanes ``mask`` selects), times S's there where A is scaled."""
+        if self.spec.scale is not None:
+            value = self.scaled(value, i0, j, self.lanes if rows is None else rows, mask)
         if self.spec.op is not UnaryOp.RELU:
             return value
         # max(x, 0) that keeps NaN (like np.maximum): x < 0 (ordered) ? 0 : x
@@ -84,6 +96,30 @@ class _UnaryEmitter:
             f"select <{self.lanes} x i1> {negative}, {self.vt} zeroinitializer, {self.vt} {value}",
             "v",
         )
+
+    def scaled(self, value: str, i0: str | int, j: str | int, rows: int, mask: str | None) -> str:
+        f, lanes = self.f, self.lanes
+        assert self.spec.scale is not None
+        along_rows, along_columns = self.spec.scale
+        column = f.mul_i64(j, along_columns)
+        if not along_rows:  # one value per column of B
+            pointer = f.gep(self.t, "%S", column)
+            scalar = f.assign(f"load {self.t}, ptr {pointer}, align {self.spec.itemsize}", "s")
+            one = f.assign(f"insertelement {self.vt} poison, {self.t} {scalar}, i64 0", "s")
+            factor = f.assign(
+                f"shufflevector {self.vt} {one}, {self.vt} poison, <{lanes} x i32> zeroinitializer",
+                "s",
+            )
+        elif mask is not None:  # lanes outside the mask may lie outside S: not read
+            pointer = f.assign(f"getelementptr {self.t}, ptr %S, i64 {f.add_i64(i0, column)}", "p")
+            factor = f.assign(
+                f"call {self.vt} @llvm.masked.load.{self.suffix}.p0(ptr {pointer}, "
+                f"i32 {self.spec.itemsize}, <{lanes} x i1> {mask}, {self.vt} zeroinitializer)",
+                "s",
+            )
+        else:
+            factor = self.load("%S", f.add_i64(i0, column), rows)
+        return f.assign(f"fmul {self.vt} {value}, {factor}", "v")
 
     # ---- column sweeps --------------------------------------------------------------------
     def emit_columns(self) -> None:
@@ -193,7 +229,7 @@ class _UnaryEmitter:
                 vectors.append("zeroinitializer")
         columns = self.transpose(vectors)
         for jj in range(cols_j):
-            value = self.apply(columns[jj])
+            value = self.apply(columns[jj], i0, f.add_i64(j0, jj), rows_i)
             self.store(value, "%B", f.add_i64(i0, f.mul_i64(f.add_i64(j0, jj), spec.ldb)), rows_i)
 
 

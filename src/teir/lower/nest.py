@@ -14,6 +14,7 @@ from teir.errors import TeirError
 from teir.ir import Config, DimType, ExecType, PrimFirst, PrimLast, Tensor
 from teir.ir.layout import is_injective, out_tiles_distinct
 from teir.lower.panels import PanelPack, plan_panel
+from teir.lower.products import TransposedTile, plan_transposed_tile
 from teir.lower.tiles import TileOp, main_op, unary_op
 
 # The tracked first/last path stores two flags per iteration.
@@ -52,6 +53,7 @@ class LoopNest:
     access: Access
     notes: tuple[str, ...]
     panel: PanelPack | None = None
+    transposed: TransposedTile | None = None
 
     @property
     def parallel_size(self) -> int:
@@ -73,6 +75,7 @@ class LoopNest:
             repr(self.last),
             self.access.name,
             repr(self.panel),
+            repr(self.transposed),
         ]
         return "\n".join(parts)
 
@@ -141,7 +144,20 @@ def lower(config: Config, resident_output: bool = False) -> LoopNest:
     )
     if panel is not None:
         notes.append(panel.describe(loops[panel.depth].axis))
-    return LoopNest(config, loops, first, main, main_zero, last, access, tuple(notes), panel)
+    transposed = None
+    if access is Access.ALWAYS and first is None and panel is None:
+        transposed = plan_transposed_tile(
+            tuple(loop.size for loop in loops),
+            tuple(loop.strides for loop in loops),
+            tuple(loop.parallel for loop in loops),
+            main_zero,
+            relu=last is not None,
+        )
+    if transposed is not None:
+        notes.append(transposed.describe(tuple(loop.axis for loop in loops)))
+    return LoopNest(
+        config, loops, first, main, main_zero, last, access, tuple(notes), panel, transposed
+    )
 
 
 def _parallel_axes(config: Config, access: Access, notes: list[str]) -> set[int]:

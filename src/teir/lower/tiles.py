@@ -283,7 +283,20 @@ def _streams_copy(config: Config, rows: int, ldb: int, transposed: bool) -> bool
     """
     if config.prim_last is not PrimLast.NONE:
         return False
-    itemsize = config.data_type.itemsize
+    s = config.schedule
+    prims = s.prim_axes
+    loops = [a for a in range(len(s.dim_types)) if a not in prims and s.dim_sizes[a] > 1]
+    continued = bool(loops) and abs(s.strides(Tensor.OUT)[loops[-1]]) == rows
+    return streams_columns(
+        rows, ldb, transposed, continued, prod(s.dim_sizes), config.data_type.itemsize
+    )
+
+
+def streams_columns(
+    rows: int, ldb: int, transposed: bool, continued: bool, elements: int, itemsize: int
+) -> bool:
+    """``_streams_copy`` for a tile of columns of ``rows`` elements ``ldb`` apart, the next
+    tile ``continued`` along them or not, of a copy of ``elements``."""
     # a long transposed column is shifted onto the lines by the kernel (all columns alike on
     # line-aligned leading dimensions, each on its own otherwise), whose masked end vectors
     # are the only stores to lines it shares
@@ -293,13 +306,10 @@ def _streams_copy(config: Config, rows: int, ldb: int, transposed: bool) -> bool
     shifted = (transposed and rows * itemsize >= LONG_COLUMN_BYTES) or own_shifts
     if (rows * itemsize) % LINE_BYTES and not shifted:
         return False
-    s = config.schedule
-    prims = s.prim_axes
-    loops = [a for a in range(len(s.dim_types)) if a not in prims and s.dim_sizes[a] > 1]
     short = rows * itemsize < LONG_COLUMN_BYTES and not own_shifts
-    if short and loops and abs(s.strides(Tensor.OUT)[loops[-1]]) == rows:
+    if short and continued:
         return False
-    return copy_outgrows_cache(prod(s.dim_sizes), config.data_type.itemsize)
+    return copy_outgrows_cache(elements, itemsize)
 
 
 def copy_outgrows_cache(elements: int, itemsize: int) -> bool:

@@ -9,9 +9,10 @@ from teir.codegen.target import Target, cache_sizes
 from teir.ir import DimType, ExecType, Tensor
 from teir.ir.layout import is_injective
 from teir.lower.panels import packs_b_panel
-from teir.lower.tiles import main_op
+from teir.lower.tiles import copy_outgrows_cache, main_op
 from teir.optimizer.problem import Axis, Problem
 from teir.optimizer.simplify import block_size, divisors, split
+from teir.optimizer.transposed import transposed_tile
 
 # the tiles per block of each of a copy's two innermost loops (see _copy_order)
 COPY_BLOCK = 8
@@ -27,6 +28,14 @@ TILE_BLOCK = 8
 # a page, and how many times smaller than the other the scaling input of such a product is
 PAGE_BYTES = 4096
 SMALL_INPUT_SHARE = 16
+# the tile of an elementwise product that writes its input transposed (see _tile_order):
+# (target, least, most, preferred multiple) elements along the output's unit stride and
+# along the input's, those of a transposing Copy's tile (primitive.unary), between buffers
+# in memory and within the caches (a multiple of 16 keeps threads off each other's lines)
+TRANSPOSED_TILES = {
+    True: ((256, 128, 512, 16), (128, 64, 256, 16)),
+    False: ((64, 16, 256, 16), (64, 16, 256, 16)),
+}
 
 
 def reorder(problem: Problem) -> tuple[Problem, str]:
@@ -78,6 +87,8 @@ def _product_order(
     ``_copy_order``'s blocks (``_scattered_reads``), others as they are."""
     read, _ = _larger_input(loops)
     one_element = all(a.size == 1 for a in prims)
+    if one_element and transposed_tile(loops, prims, problem.primitives) is not None:
+        return _tile_order(loops, prims, problem)
     if one_element and _bytes_between_reuse(loops, problem) > cache_sizes()["L1"]:
         if _unit_loop(loops, read).size >= READ_ELEMENTS // 2:
             return _element_order(loops, read)
@@ -88,6 +99,30 @@ def _product_order(
     return _copy_order(loops, scattered, TILE_BLOCK, TILE_BLOCK), (
         f" (scattered rows: {scattered.name.lower()}'s next tiles innermost, the output's"
         " next outside them)"
+    )
+
+
+def _tile_order(loops: list[Axis], prims: list[Axis], problem: Problem) -> tuple[list[Axis], str]:
+    """The loops of an elementwise product that writes its input transposed: the tile of the
+    output's and the input's unit-stride loops innermost, cut as a transposing Copy's tile,
+    the other loops around it in the copy's order (the input's next tiles innermost)."""
+    found = transposed_tile(loops, prims, problem.primitives)
+    assert found is not None
+    row, column, read = found
+    itemsize = problem.primitives.data_type.itemsize
+    in_memory = copy_outgrows_cache(_elements(loops, Tensor.OUT), itemsize)
+    outer = [a for a in loops if a is not row and a is not column]
+    tile = []
+    for axis, tile_range in zip((row, column), TRANSPOSED_TILES[in_memory]):
+        elements = block_size(axis.size, *tile_range)
+        if elements < axis.size:
+            blocks, axis = split(axis, elements)
+            outer.append(blocks)
+        tile.append(axis)
+    ordered = _copy_order(outer, read, COPY_BLOCK, COPY_BLOCK)
+    return ordered + tile, (
+        f" (transposed tile {tile[0].size} x {tile[1].size} of {read.name.lower()} innermost,"
+        f" its next tiles inside the output's)"
     )
 
 
@@ -350,9 +385,14 @@ def parallelize(problem: Problem, threads: int) -> tuple[Problem, str]:
     out_axes = [a for a in axes if a.dim_type is not DimType.K]
     if not is_injective([a.size for a in out_axes], [a.stride(Tensor.OUT) for a in out_axes]):
         return problem, "the output aliases (or is not proven free of it): no shared loops"
+    loops = [a for a in axes if a.exec_type is not ExecType.PRIM]
+    prims = [a for a in axes if a.exec_type is ExecType.PRIM]
+    tile = transposed_tile(loops, prims, problem.primitives)
+    # the tile of a transposing kernel stays whole in one thread's calls
+    tiled = tile is not None and {id(tile[0]), id(tile[1])} == {id(a) for a in loops[-2:]}
     chosen: list[int] = []
     for index, axis in enumerate(axes):
-        if axis.exec_type is ExecType.PRIM:
+        if axis.exec_type is ExecType.PRIM or (tiled and index >= len(loops) - 2):
             break
         if axis.dim_type is DimType.K:
             # The K steps of a packed panel run around the column loop that reuses it; that
