@@ -838,10 +838,11 @@ def test_elementwise_order_reads_the_larger_input_in_runs():
     runs, and the result equals NumPy's."""
     a = RNG.standard_normal((48, 20)).astype(np.float32)
     b = RNG.standard_normal((24, 20, 48, 64)).astype(np.float32)
-    plan = teir.einsum_plan("dc,bcda->abcd", a, b, threads=2)
+    out = np.empty((64, 24, 20, 48), np.float32)  # a new result would take in1's order
+    plan = teir.einsum_plan("dc,bcda->abcd", a, b, out=out, threads=2)
     assert "elementwise: in1's next elements innermost" in plan.explain()
-    result = teir.einsum("dc,bcda->abcd", a, b, threads=2)
-    np.testing.assert_allclose(result, np.einsum("dc,bcda->abcd", a, b), rtol=1e-6)
+    teir.einsum("dc,bcda->abcd", a, b, out=out, threads=2)
+    np.testing.assert_allclose(out, np.einsum("dc,bcda->abcd", a, b), rtol=1e-6)
 
 
 def test_loop_stepping_within_an_inputs_lines_runs_innermost(monkeypatch):
@@ -871,10 +872,11 @@ def test_rows_read_pages_apart_run_in_blocks(d, blocked):
     innermost; a small in1 keeps the output's order."""
     x = RNG.standard_normal(d).astype(np.float32)
     y = RNG.standard_normal((d, 64, 136)).astype(np.float32)
-    text = teir.einsum_plan("d,dga->gda", x, y, threads=2).explain()
+    out = np.empty((64, d, 136), np.float32)  # a new result would take in1's order
+    text = teir.einsum_plan("d,dga->gda", x, y, out=out, threads=2).explain()
     assert ("scattered rows: in1's next tiles innermost" in text) == blocked, text
-    result = teir.einsum("d,dga->gda", x, y, threads=2)
-    np.testing.assert_allclose(result, np.einsum("d,dga->gda", x, y), rtol=1e-6)
+    teir.einsum("d,dga->gda", x, y, out=out, threads=2)
+    np.testing.assert_allclose(out, np.einsum("d,dga->gda", x, y), rtol=1e-6)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -165,3 +165,35 @@ def test_short_rows_keep_the_one_element_nest():
     assert not _transposing(teir.einsum_plan("bd,db->bd", big, small, out=out, threads=2))
     teir.einsum("bd,db->bd", big, small, out=out, threads=2)
     np.testing.assert_allclose(out, big * small.T, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_new_result_follows_the_large_input(dtype):
+    """Without ``out``, an elementwise product's result is laid out in its large input's
+    order (NumPy's order "K"), not written transposed."""
+    big, small = _operands("ag,g->ga", {"a": 64, "g": 2048}, dtype)
+    plan = teir.einsum_plan("ag,g->ga", big, small, threads=2)
+    assert plan.memory_order == (1, 0) and not _transposing(plan)
+    result = teir.einsum("ag,g->ga", big, small, threads=2)
+    assert result.T.flags.c_contiguous
+    np.testing.assert_allclose(result, (big * small).T, rtol=1e-6)
+    assert teir.einsum_plan("ag,g->ga", big, small, order="C", threads=2).memory_order is None
+    # a partner input as large as a sixth of it, stepping across its lines along the
+    # large one's unit stride, would be gathered: the listed layout, the input transposed
+    sizes = {"e": 6, "b": 63, "a": 64, "g": 2, "c": 15}
+    big, partner = _operands("gaecb,cbga->bcega", sizes, dtype)
+    plan = teir.einsum_plan("gaecb,cbga->bcega", big, partner, threads=2)
+    assert plan.memory_order is None and _transposing(plan)
+
+
+def test_a_product_in_its_inputs_layout_runs_along_the_unit_stride():
+    """``dhcfbg,bcf->hbdgfc`` into an output laid out like in0: the kernel runs along the
+    unit-stride g (25), not along the fused d x h (whose elements lie 38400 apart, which a
+    kernel of one row would write one lane at a time)."""
+    sizes = {"g": 25, "b": 32, "f": 24, "d": 3, "c": 2, "h": 64}
+    big, small = _operands("dhcfbg,bcf->hbdgfc", sizes, np.float32)
+    out = np.empty(big.shape, np.float32).transpose(1, 4, 0, 5, 3, 2)
+    text = teir.einsum_plan("dhcfbg,bcf->hbdgfc", big, small, out=out, threads=2).explain()
+    assert "brgemm_f32_25x1x1" in text, text
+    teir.einsum("dhcfbg,bcf->hbdgfc", big, small, out=out, threads=2)
+    np.testing.assert_allclose(out, np.einsum("dhcfbg,bcf->hbdgfc", big, small), rtol=1e-6)
