@@ -1,5 +1,6 @@
 """Elementwise products whose three tensors have their unit strides on three labels: one
-input is copied into the other's layout (``teir.frontend.element_layout``)."""
+input is copied into the result's layout, or the other input's where that one lacks a label
+of the result (``teir.frontend.element_layout``)."""
 
 from __future__ import annotations
 
@@ -34,14 +35,15 @@ def test_memory_order_sorts_by_stride_with_still_labels_outermost():
     assert memory_order("ac", {"a": 0, "c": 1}, sizes) == "ac"
 
 
-def test_three_unit_labels_copy_the_smaller_input_into_the_others_layout():
-    # in0 unit c, in1 unit a, out unit b: in1 (the tie's) copied into in0's order bac
-    assert copy_orders(tensors("bac", "bca", "cab"), SIZES, 4) == (None, "bac", None)
-    # in0 the smaller: copied into in1's order
+def test_three_unit_labels_copy_the_smaller_input_into_the_results_layout():
+    # in0 unit c, in1 unit a, out unit b: in1 (the tie's) copied into the result's order cab
+    # (in0 then runs transposed on the scaling transposing kernel)
+    assert copy_orders(tensors("bac", "bca", "cab"), SIZES, 4) == (None, "cab", None)
+    # in0 the smaller: copied into the result's order (its own labels)
     sizes = dict(SIZES, d=3)
     terms = [("bac", c_strides("bac", sizes)), ("dbca", c_strides("dbca", sizes))]
     out = ("dcab", c_strides("dcab", sizes))
-    assert copy_orders([*terms, out], sizes, 4) == ("bca", None, None)
+    assert copy_orders([*terms, out], sizes, 4) == ("cab", None, None)
 
 
 def test_two_unit_labels_or_small_tensors_keep_the_nest():
@@ -58,6 +60,7 @@ def test_two_unit_labels_or_small_tensors_keep_the_nest():
 
 
 def test_the_copied_inputs_labels_missing_from_the_other_go_outermost():
+    # in1 lacks the result's d: the copy takes in1's layout
     sizes = {"a": 600, "b": 100, "c": 300, "d": 2, "e": 3}
     in0 = ("dbac", c_strides("dbac", sizes))
     in1 = ("ebca", c_strides("ebca", sizes))
@@ -74,7 +77,8 @@ def test_a_three_way_product_runs_through_one_copy(dtype, monkeypatch):
     b = rng.standard_normal((30, 50, 40)).astype(dtype)  # acb
     expected = np.einsum("bac,acb->cba", a, b)
     plan = teir.einsum_plan("bac,acb->cba", a, b)
-    assert plan.elementwise_copies and plan.canonical == (None, "bac", None)
+    assert plan.elementwise_copies and plan.canonical == (None, "cba", None)
+    assert "transposing kernel" in plan.product.explain()
     assert "three labels" in plan.explain()
     np.testing.assert_allclose(teir.einsum("bac,acb->cba", a, b), expected, rtol=1e-6)
     out = np.ones((50, 40, 30), dtype)
