@@ -429,6 +429,8 @@ def test_scaled_copies_are_checked():
         UnarySpec("f32", UnaryOp.COPY, 10, 4, trans_a=True, scale=(0, -1))
     spec = UnarySpec("f64", UnaryOp.COPY, 10, 4, trans_a=True, scale=(1, 10))
     assert "scaled1x10" in spec.name and spec.extent_s() == 9 + 30 + 1
+    with pytest.raises(KernelError, match="inside the loop nests"):
+        kernels.api.unary_kernel(spec)  # the public kernels take two operands
 
 
 def test_rows_in_runs_are_checked():

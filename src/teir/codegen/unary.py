@@ -1,5 +1,6 @@
 """LLVM IR for the unary kernels: ``B := 0``, ``B := A``, ``B := max(A, 0)``, the transposed
-``B := op(A^T)`` and the in-place ``B := max(B, 0)``.
+``B := op(A^T)`` (scaled elementwise by a third operand S for elementwise products, an
+internal form) and the in-place ``B := max(B, 0)``.
 
 Columns are swept with unrolled vector loads and stores and a masked tail; when the leading
 dimensions equal the column height the matrix is one long column. The transposed form
@@ -98,6 +99,9 @@ class _UnaryEmitter:
         )
 
     def scaled(self, value: str, i0: str | int, j: str | int, rows: int, mask: str | None) -> str:
+        """``value`` times S's vector for B's rows ``i0 ..`` of column ``j``: one value
+        broadcast (S constant along the rows), or S's ``rows`` elements there (only the
+        lanes of ``mask`` where given: a masked block may reach before row 0 or past m)."""
         f, lanes = self.f, self.lanes
         assert self.spec.scale is not None
         along_rows, along_columns = self.spec.scale

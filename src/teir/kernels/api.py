@@ -253,6 +253,11 @@ def unary_source(spec: UnarySpec, target: Target) -> tuple[str, Any]:
 
 def unary_kernel(spec: UnarySpec, target: Target | None = None) -> UnaryKernel:
     """The compiled kernel for a :class:`UnarySpec`."""
+    if spec.scale is not None:
+        raise KernelError(
+            "a scaled transposed copy (scale=...) takes a third operand and runs only inside "
+            "the loop nests of elementwise products; build the spec without scale"
+        )
     target = target or Target.host()
     description, generate = unary_source(spec, target)
     loaded = CODE_CACHE.get(description, target, ["", "_repeat"], generate)
