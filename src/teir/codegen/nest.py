@@ -112,8 +112,14 @@ def nest_function(nest: LoopNest, target: Target, module: Module, name: str) -> 
     """Add the nest function ``name`` (and its tile primitives) to ``module``."""
     ops: dict[str, str] = {}
     prefetching: set[str] = set()  # the roles whose kernels take the next iteration's tiles
-    for role in ("first", "main", "main_zero", "last"):
-        op: TileOp | None = getattr(nest, role)
+    transposed = nest.transposed
+    # a transposing kernel's tile takes the place of the innermost loops and their ops
+    roles: list[tuple[str, TileOp | None]] = (
+        [("transposed", transposed.op)]
+        if transposed is not None
+        else [(role, getattr(nest, role)) for role in ("first", "main", "main_zero", "last")]
+    )
+    for role, op in roles:
         if op is not None:
             ops[role] = f"{name}.{role}"
             prefetch = prefetch_for(nest, role)
@@ -123,9 +129,6 @@ def nest_function(nest: LoopNest, target: Target, module: Module, name: str) -> 
     panel = nest.panel
     if panel is not None:
         _tile_op_function(panel.copy, target, module, f"{name}.pack")
-    transposed = nest.transposed
-    if transposed is not None:
-        _tile_op_function(transposed.op, target, module, f"{name}.transposed")
     t = scalar_type(nest.config.data_type.itemsize)
     probes = probe_attribute(target, nest_stack_bytes(nest, target))
     f = FunctionBuilder(
@@ -216,8 +219,7 @@ def nest_function(nest: LoopNest, target: Target, module: Module, name: str) -> 
         if panel is not None and depth == panel.depth:
             pack(offsets)
         if transposed is not None and depth == transposed.depth:
-            tiles = [f.gep(t, base, offsets[i]) for i, base in enumerate(("%in0", "%in1", "%out"))]
-            f.emit(f"call void @{name}.transposed({', '.join(f'ptr {p}' for p in tiles)})")
+            call("transposed", offsets)
             return
         if depth == len(loops):
             innermost(offsets, indices, following)

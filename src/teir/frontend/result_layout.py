@@ -112,11 +112,17 @@ def _streaming_label(
     elements = sum(op.array.size for op in inputs) + prod(sizes[x] for x in output)
     if flops >= STREAMING_INTENSITY * elements:
         return None
-    unit = [x for x in large.labels if abs(large.strides.get(x, 0)) == 1 and sizes[x] > 1]
-    if not unit or unit[0] not in output:
+    unit = _unit_label(large, sizes)
+    if unit is None or unit not in output:
         return None
     # (a run shorter than a line streams nothing: cd,adgecf->acefg with f 3, FP64, 1.8x)
-    return unit[0] if sizes[unit[0]] * large.array.itemsize >= LINE_BYTES else None
+    return unit if sizes[unit] * large.array.itemsize >= LINE_BYTES else None
+
+
+def _unit_label(operand: _Operand, sizes: dict[str, int]) -> str | None:
+    """The label of the operand's unit stride (of size 2 or more), if any."""
+    unit = [x for x in operand.labels if abs(operand.strides.get(x, 0)) == 1 and sizes[x] > 1]
+    return unit[0] if unit else None
 
 
 def _large_input_order(
@@ -138,13 +144,13 @@ def _large_input_order(
         return None
     # the product in that order runs along the input's unit stride: a short one fills few
     # lanes (edhgb,ge->bdhge with b 2, FP32 12 MB: 0.49-0.68 ms as listed, 0.74 ms so)
-    unit = [x for x in large.labels if abs(large.strides.get(x, 0)) == 1 and sizes[x] > 1]
-    if not unit or sizes[unit[0]] < 2 * Target.host().lanes(large.array.itemsize):
+    unit = _unit_label(large, sizes)
+    if unit is None or sizes[unit] < 2 * Target.host().lanes(large.array.itemsize):
         return None
     # ... and reads the other input along it: one that steps further is gathered, unless
     # it is small (gaecb,cbga->bcega FP32, in1 1/6 of in0: 0.13 ms listed, 0.37 ms so)
     other = inputs[1] if large is inputs[0] else inputs[0]
-    gathered = abs(other.strides.get(unit[0], 0)) > 1
+    gathered = abs(other.strides.get(unit, 0)) > 1
     if gathered and other.array.size * STREAMING_PART > large.array.size:
         return None
     labels = sorted(output, key=lambda label: -abs(large.strides.get(label, 0)))

@@ -87,8 +87,9 @@ def _product_order(
     ``_copy_order``'s blocks (``_scattered_reads``), others as they are."""
     read, _ = _larger_input(loops)
     one_element = all(a.size == 1 for a in prims)
-    if one_element and transposed_tile(loops, prims, problem.primitives) is not None:
-        return _tile_order(loops, prims, problem)
+    tile = transposed_tile(loops, prims, problem.primitives) if one_element else None
+    if tile is not None:
+        return _tile_order(loops, tile, problem)
     if one_element and _bytes_between_reuse(loops, problem) > cache_sizes()["L1"]:
         if _unit_loop(loops, read).size >= READ_ELEMENTS // 2:
             return _element_order(loops, read)
@@ -102,26 +103,28 @@ def _product_order(
     )
 
 
-def _tile_order(loops: list[Axis], prims: list[Axis], problem: Problem) -> tuple[list[Axis], str]:
-    """The loops of an elementwise product that writes its input transposed: the tile of the
-    output's and the input's unit-stride loops innermost, cut as a transposing Copy's tile,
-    the other loops around it in the copy's order (the input's next tiles innermost)."""
-    found = transposed_tile(loops, prims, problem.primitives)
-    assert found is not None
-    row, column, read = found
+def _tile_order(
+    loops: list[Axis], tile: tuple[Axis, Axis, Tensor], problem: Problem
+) -> tuple[list[Axis], str]:
+    """The loops of an elementwise product that writes its input transposed (``tile``: the
+    rows, columns and input of ``transposed_tile``): the tile of the output's and the
+    input's unit-stride loops innermost, cut as a transposing Copy's tile, the other loops
+    around it in the copy's order (the input's next tiles innermost)."""
+    row, column, read = tile
     itemsize = problem.primitives.data_type.itemsize
     in_memory = copy_outgrows_cache(_elements(loops, Tensor.OUT), itemsize)
     outer = [a for a in loops if a is not row and a is not column]
-    tile = []
+    tile_loops: list[Axis] = []
     for axis, tile_range in zip((row, column), TRANSPOSED_TILES[in_memory]):
         elements = block_size(axis.size, *tile_range)
         if elements < axis.size:
             blocks, axis = split(axis, elements)
             outer.append(blocks)
-        tile.append(axis)
+        tile_loops.append(axis)
     ordered = _copy_order(outer, read, COPY_BLOCK, COPY_BLOCK)
-    return ordered + tile, (
-        f" (transposed tile {tile[0].size} x {tile[1].size} of {read.name.lower()} innermost,"
+    rows, columns = tile_loops
+    return ordered + tile_loops, (
+        f" (transposed tile {rows.size} x {columns.size} of {read.name.lower()} innermost,"
         f" its next tiles inside the output's)"
     )
 
@@ -388,8 +391,9 @@ def parallelize(problem: Problem, threads: int) -> tuple[Problem, str]:
     loops = [a for a in axes if a.exec_type is not ExecType.PRIM]
     prims = [a for a in axes if a.exec_type is ExecType.PRIM]
     tile = transposed_tile(loops, prims, problem.primitives)
-    # the tile of a transposing kernel stays whole in one thread's calls
-    tiled = tile is not None and {id(tile[0]), id(tile[1])} == {id(a) for a in loops[-2:]}
+    # the tile of a transposing kernel (its rows, then its columns, innermost) stays whole
+    # in one thread's calls
+    tiled = tile is not None and tile[:2] == tuple(loops[-2:])
     chosen: list[int] = []
     for index, axis in enumerate(axes):
         if axis.exec_type is ExecType.PRIM or (tiled and index >= len(loops) - 2):
