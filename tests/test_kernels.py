@@ -1056,3 +1056,28 @@ def test_batch_chunks_spread_over_l2_sets():
     # elements that spread over the sets are chunked by size alone
     spread = replace(spec, stride_a=64 * 64 + 16)
     assert choose_blocking(spread, HOST).chunk > allowed
+
+
+def test_batch_chunks_count_what_the_sweep_reads_again(monkeypatch):
+    """The sweep runs its column blocks outside its row blocks: a chunk keeps the vector
+    operand's elements whole in half of L2, but of the broadcast operand only a column block
+    (all of B_i cut the 1600³ GEMM's kernel into chunks of 5: 418 -> 436 GFLOP/s whole).
+    Row blocks outside (A packed a row block at a time) read all of B_i again instead."""
+    import teir.codegen.brgemm as brgemm
+
+    monkeypatch.setattr(brgemm, "cache_sizes", lambda: {"L1": 49152, "L2": 2 << 20, "L3": 1 << 25})
+    # A_i 51 KB, B_i 41 KB: 16 whole pairs (1.5 MB) outgrow half of L2, 16 A_i do not
+    spec = BrgemmSpec(
+        "f32", 200, 160, 64, 16, lda=200, ldb=64, ldc=200, stride_a=12800, stride_b=10240
+    )
+    blocking = choose_blocking(spec, HOST)
+    assert not blocking.pack_a and blocking.form == "outer"
+    assert blocking.chunk == 16
+    # A packed a row block at a time (columns 8 KiB apart, 25 row blocks), B_i 400 KB: the
+    # row blocks outside keep two B_i per chunk in half of L2
+    packed = BrgemmSpec(
+        "f32", 800, 1600, 64, 16, lda=2048, ldb=64, ldc=800, stride_a=64 * 2048, stride_b=102400
+    )
+    found = choose_blocking(packed, HOST)
+    assert found.pack_a and not found.pack_whole
+    assert found.chunk == 2
