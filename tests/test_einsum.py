@@ -619,11 +619,12 @@ def test_kernels_summing_short_runs_of_k_go_through_copies(dtype, monkeypatch):
     # e (9) has the unit stride in in1 and lies 32 KB apart in in0, d (131) the other way
     # round: the kernel that fits them as they lie takes one batch element at a time and
     # stores C after every 9 steps. A copy lines both up into one K of 1179 (FP32
-    # 62x54x63x131x9: 8.0 -> 3.1 ms). The batch chunk follows L2: with 1 MiB per core the
-    # whole batch does not fit (with 2 MiB it does, and the kernel sums all of K at once).
+    # 62x54x63x131x9: 8.0 -> 3.1 ms). The batch chunk follows L2: with 512 KiB per core the
+    # whole batch does not fit (with 1 MiB it does for FP32, and the kernel sums all of K at
+    # once).
     import teir.codegen.brgemm as brgemm
 
-    monkeypatch.setattr(brgemm, "cache_sizes", lambda: {"L1": 32768, "L2": 1 << 20, "L3": 1 << 25})
+    monkeypatch.setattr(brgemm, "cache_sizes", lambda: {"L1": 32768, "L2": 1 << 19, "L3": 1 << 25})
     einsum_module.clear_plans()
     sizes = {"a": 62, "b": 27, "c": 14, "d": 131, "e": 9}
     a, b = operands([[sizes[x] for x in "eda"], [sizes[x] for x in "cbde"]], dtype)
