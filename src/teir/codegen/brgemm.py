@@ -11,7 +11,9 @@ Three register-blocked forms, chosen by which operand has unit stride where:
 
 The accumulators stay in registers over the whole batch and the K loop (unrolled); M tails use
 masked loads and stores, N tails a block with fewer columns. Batches are processed in chunks so
-the chunk's A_i and B_i stay in cache while all register blocks sweep over it.
+that what the sweep over all register blocks reads again of the chunk's A_i and B_i stays in
+cache; the next call's tiles, where the nest says which, are prefetched a few lines per round
+of the blocks' K loops.
 """
 
 from __future__ import annotations
