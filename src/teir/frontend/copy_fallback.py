@@ -124,15 +124,48 @@ def copied_bytes(plan: Plan, inputs: list[Operand], orders: Orders) -> int:
 RELAYOUT_FLOPS_PER_COPIED = 64
 
 
-def relayout_affordable(plan: Plan, inputs: list[Operand], orders: Orders) -> bool:
+def relayout_affordable(
+    plan: Plan, inputs: list[Operand], orders: Orders, out: np.ndarray | None
+) -> bool:
     """Whether the copies ``orders`` makes for another kernel (``relayout`` in ``choose``) fit
-    the scratch buffer and are paid for: the contraction does at least
+    the scratch buffer, a chunk at a time where ``run`` makes them so (``scratch_bytes``;
+    ``out``: the call's), and are paid for: the contraction does at least
     ``RELAYOUT_FLOPS_PER_COPIED`` FLOPs per element copied, the result's included."""
     assert plan.operation is not None
-    copied = copied_bytes(plan, inputs, orders)
-    elements = copied // plan.dtype.itemsize
+    elements = copied_bytes(plan, inputs, orders) // plan.dtype.itemsize
     flops = plan.operation.config.flops
-    return copied <= SCRATCH_LIMIT_BYTES and flops >= RELAYOUT_FLOPS_PER_COPIED * elements
+    fits = scratch_bytes(plan, inputs, orders, out) <= SCRATCH_LIMIT_BYTES
+    heavy = flops >= RELAYOUT_FLOPS_PER_TEMPORARY * elements
+    return (fits or heavy) and flops >= RELAYOUT_FLOPS_PER_COPIED * elements
+
+
+# Copies beyond the scratch buffer's size that no chunking makes smaller go into a buffer of
+# their own, allocated for the call (its pages faulted in on first touch, about a
+# nanosecond per element) and freed after it: only for contractions that spend this many
+# FLOPs per element copied. The last step of GETD as one einsum, FP64 (every label of its
+# 78 MB result missing from one input, so no chunk avoids rereading 8-200 MB): 0.52 s in
+# the mirror form on the tensors as they lie (A's rows 200 KB apart), 0.21 s with the
+# result computed in the outer-product kernel's order and permuted; mk,kn->nm 4096² x 1024
+# FP64 226 -> 220 ms, bhqk,bhkd->bhdq 8 x 16 x 512² x 64 FP32 14.8 -> 13.7 ms.
+RELAYOUT_FLOPS_PER_TEMPORARY = 1024
+
+
+def scratch_bytes(plan: Plan, inputs: list[Operand], orders: Orders, out: np.ndarray | None) -> int:
+    """Bytes of the scratch buffers ``run`` takes for the copies ``orders`` makes: one chunk's
+    where it makes them a chunk at a time (``chunking``), all of them otherwise."""
+    sizes = label_sizes(inputs, plan.subscripts.output)
+    target = _uncopied_target(plan, out)
+    found = None
+    if target is not None:
+        views = [operand_view(prepared, sizes) for prepared in inputs]
+        found = chunking(orders, _own_labels(plan, inputs), [*views, target], sizes)
+    label, chunk = found or ("", 1)
+    elements = sum(
+        prod(chunk if x == label else sizes[x] for x in order)
+        for order in orders
+        if order is not None
+    )
+    return elements * plan.dtype.itemsize
 
 
 def _uncopied_target(plan: Plan, out: np.ndarray | None) -> np.ndarray | None:
@@ -234,7 +267,7 @@ def choose(
             product = contraction(orders)
             if relayout:
                 # the tensors left in place are read as the plan's kernel reads them
-                if not relayout_affordable(plan, inputs, orders):
+                if not relayout_affordable(plan, inputs, orders, out):
                     continue
                 if product is None or not fits(product):
                     continue

@@ -274,7 +274,7 @@ def _plan(
             relaying_pays = (
                 relaying
                 and relaid(plan, product)
-                and copy_fallback.relayout_affordable(plan, inputs, orders)
+                and copy_fallback.relayout_affordable(plan, inputs, orders, out)
             )
             # tiles a few accumulators wide, the copies paid for as a relayout's are (FP64
             # eafb,bahcf->ceh, 32 FLOPs per element copied: 3.8 -> 4.6 ms)
@@ -283,7 +283,7 @@ def _plan(
                 and small_tile(plan)
                 and kernel_tile(product) >= TILE_GAIN * kernel_tile(plan)
                 and vector_fill(product) >= vector_fill(plan)
-                and copy_fallback.relayout_affordable(plan, inputs, orders)
+                and copy_fallback.relayout_affordable(plan, inputs, orders, out)
             )
             # gathered dot products gain from one input copied into the other's layout;
             # copies of both cost more than they save (FP64 bdc,cdb->c 39 MB: 15.5 -> 18.5 ms)
