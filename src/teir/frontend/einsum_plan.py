@@ -32,7 +32,7 @@ from teir.frontend.lane_plan import lane_spec
 from teir.frontend.plan_cost import contraction_cost
 from teir.frontend.result_layout import order_strides, result_order
 from teir.frontend.split_reduction import SplitReduction
-from teir.ir import Config, DataType
+from teir.ir import Config, DataType, DimType
 from teir.lower.tiles import TileOp, copy_outgrows_cache
 from teir.optimizer import optimize_with_log
 from teir.runtime.lane_operation import LaneOperation, compile_lanes
@@ -716,11 +716,26 @@ def relaid(plan: Plan, product: Plan) -> bool:
     fills its vector lanes, runs a kernel further from the plain one: the plain kernel, or
     the one that copies its A tile once per call where ``plan``'s copies no A tile. A kernel
     that copies its A tile on every call and also reads a transposed B gains little from B
-    copied once (2-D FP64 GEMMs with K of 14-128: 0.76x-1.37x, 0.95x by geometric mean)."""
+    copied once (2-D FP64 GEMMs with K of 14-128: 0.76x-1.37x, 0.95x by geometric mean),
+    except over a long K (``RELAID_LONG_K``)."""
     if not (other_kernel(plan) and outer_untransposed(product)):
         return False
     found = _brgemm_blocking(plan)
-    return plain_outer(product) or not (found is not None and found[1].pack_a)
+    if plain_outer(product) or not (found is not None and found[1].pack_a):
+        return True
+    return plan.config is not None and summed_elements(plan.config) >= RELAID_LONG_K
+
+
+# ... but over a K this long, copying B once pays for a kernel that copies its A tile on every
+# call (with an out, where the output's size cuts K into steps and leaves no room for a
+# packed panel): 2 threads, alternating processes, ki,kj->ij FP64 4096² x 2048 748 -> 440
+# ms, x 512 123 -> 111 ms, 3000² x 1000 134 -> 117 ms; ki,jk->ij and FP32 unchanged.
+RELAID_LONG_K = 512
+
+
+def summed_elements(config: Config) -> int:
+    """How many products each output element of ``config`` sums: its K axes' sizes."""
+    return prod(s for t, s in zip(config.dim_types, config.dim_sizes) if t is DimType.K)
 
 
 def kernel_shortfall(plan: Plan) -> str:
