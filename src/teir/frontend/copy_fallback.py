@@ -155,17 +155,22 @@ def scratch_bytes(plan: Plan, inputs: list[Operand], orders: Orders, out: np.nda
     where it makes them a chunk at a time (``chunking``), all of them otherwise."""
     sizes = label_sizes(inputs, plan.subscripts.output)
     target = _uncopied_target(plan, out)
-    found = None
-    if target is not None:
-        views = [operand_view(prepared, sizes) for prepared in inputs]
-        found = chunking(orders, _own_labels(plan, inputs), [*views, target], sizes)
-    label, chunk = found or ("", 1)
-    elements = sum(
-        prod(chunk if x == label else sizes[x] for x in order)
-        for order in orders
-        if order is not None
-    )
+    label, chunk = ("", 1) if target is None else _chunk(plan, inputs, orders, target, sizes)
+    elements = sum(prod(_copy_shape(order, sizes, label, chunk)) for order in orders if order)
     return elements * plan.dtype.itemsize
+
+
+def _chunk(
+    plan: Plan, inputs: list[Operand], orders: Orders, result: np.ndarray, sizes: dict[str, int]
+) -> tuple[str, int]:
+    """(label, chunk size) ``run`` copies ``orders`` in, writing ``result``: ("", 1) whole."""
+    views = [operand_view(prepared, sizes) for prepared in inputs]
+    return chunking(orders, _own_labels(plan, inputs), [*views, result], sizes) or ("", 1)
+
+
+def _copy_shape(order: str, sizes: dict[str, int], label: str, count: int) -> tuple[int, ...]:
+    """The shape of a copy in ``order`` holding ``count`` of ``label`` (all of the others)."""
+    return tuple(count if x == label else sizes[x] for x in order)
 
 
 def _uncopied_target(plan: Plan, out: np.ndarray | None) -> np.ndarray | None:
@@ -366,11 +371,11 @@ def run(
     letters, names = terms(orders, own)
     mine = ["".join(names[x] for x in labels) for labels in own]
     views = [operand_view(prepared, sizes) for prepared in inputs]
-    label, chunk = chunking(orders, own, [*views, result], sizes) or ("", 1)
+    label, chunk = _chunk(plan, inputs, orders, result, sizes)
     total = sizes[label] if label else 1
 
     def shape(index: int, count: int) -> tuple[int, ...]:
-        return tuple(count if x == label else sizes[x] for x in orders[index] or "")
+        return _copy_shape(orders[index] or "", sizes, label, count)
 
     copied = [i for i, order in enumerate(orders) if order is not None]
     with scratch([shape(i, chunk) for i in copied], plan.dtype) as buffers:

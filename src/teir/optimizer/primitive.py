@@ -193,8 +193,13 @@ def _outgrows_kernel(row: Axis, row_block: int, k: Axis, k_total: int, itemsize:
     """Whether the kernel's vector operand over all of K (``k_total`` steps) in rows of
     ``row_block`` outgrows what holds it for the loops that reuse it: a packed panel where
     the kernel packs it (:func:`_packs_rows`), else L2 (as :func:`_panel_steps` cuts K)."""
-    limit = panel_limit_bytes() if _packs_rows(row, row_block, k, itemsize) else cache_sizes()["L2"]
-    return row_block * k_total * itemsize > limit
+    return row_block * k_total * itemsize > _kept_bytes(_packs_rows(row, row_block, k, itemsize))
+
+
+def _kept_bytes(packed: bool) -> int:
+    """How much of the kernel's vector operand the loops that reuse it keep: a packed panel
+    (``packed``), else L2."""
+    return panel_limit_bytes() if packed else cache_sizes()["L2"]
 
 
 def _spread_rows(row: Axis, row_block: int, gemm_k: Axis, batch: Axis, itemsize: int) -> bool:
@@ -244,7 +249,7 @@ def _panel_steps(
     )
     step_bytes = row_block * gemm_k.size * itemsize
     limit = panel_limit_bytes()
-    if step_bytes * batch.size <= (limit if packed else cache_sizes()["L2"]):
+    if step_bytes * batch.size <= _kept_bytes(packed):
         return batch, None
     for steps in divisors(batch.size)[1:]:
         inner = batch.size // steps
