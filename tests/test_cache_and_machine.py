@@ -210,3 +210,25 @@ def test_kernels_load_after_the_process_reserved_much_address_space():
     assert result.returncode == 0, result.stderr[-2000:]
     if int(result.stdout) < 20:
         pytest.skip("this machine does not let a process reserve 60 GiB of address space")
+
+
+def test_the_machine_can_be_named_in_the_environment(two_pipe_xeon):
+    """TEIR_CPU_NAME and TEIR_CACHE_SIZES stand in for the CPU model and cache sizes the
+    system reports (the instruction set stays the host's, so the code still runs), and a
+    malformed size says what to write instead."""
+    import teir
+    from teir.codegen.target import CACHE_SIZES_VARIABLE, Target, cache_sizes
+
+    host = Target.host()
+    assert host.cpu == "sapphirerapids" and not host.half_width_is_free
+    assert cache_sizes()["L1"] == 48 * 1024 and cache_sizes()["L2"] == 2 << 20
+    a = np.arange(12.0).reshape(3, 4)
+    np.testing.assert_array_equal(teir.einsum("ij,jk->ik", a, a.T), a @ a.T)
+    for text in ("L4=1M", "L2=two", "L2", "L1=0"):
+        os.environ[CACHE_SIZES_VARIABLE] = text
+        cache_sizes.cache_clear()
+        with pytest.raises(ValueError, match="LEVEL=SIZE"):
+            cache_sizes()
+    os.environ[CACHE_SIZES_VARIABLE] = " l2 = 512K ,"
+    cache_sizes.cache_clear()
+    assert cache_sizes()["L2"] == 512 * 1024

@@ -450,7 +450,7 @@ def test_relayout_copies_pay_over_a_long_k_for_a_kernel_that_packs_a_on_every_ca
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_relayout_copies_may_give_the_outer_kernel_that_packs_its_a_tile(dtype):
+def test_relayout_copies_may_give_the_outer_kernel_that_packs_its_a_tile(dtype, two_pipe_xeon):
     # As they lie, the operands fit a kernel that broadcasts from the rows of a transposed B.
     # The plain outer-product kernel needs the 4 MB result copied; in0 (288 KiB) copied
     # alone gives the outer-product kernel that packs its A tile once per call, and the
@@ -470,7 +470,7 @@ def test_relayout_copies_may_give_the_outer_kernel_that_packs_its_a_tile(dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_relayout_copies_are_paid_for_by_flops_per_element_copied(dtype):
+def test_relayout_copies_are_paid_for_by_flops_per_element_copied(dtype, two_pipe_xeon):
     # Compute-bound in its inputs (1900 FLOPs per input element), but with K 12 the 3.9 M
     # element result, which the outer-product kernel would need copied, takes 24 per
     # element: the kernel that fits as the operands lie runs (FP32 0.88 ms, 1.15 copying).
@@ -828,7 +828,9 @@ def test_long_sums_without_good_divisors_run_in_regions_that_add_up(
 
 
 @pytest.mark.parametrize("in_memory", [False, True])
-def test_permutations_in_memory_without_good_divisors_run_in_regions(monkeypatch, in_memory):
+def test_permutations_in_memory_without_good_divisors_run_in_regions(
+    monkeypatch, in_memory, two_pipe_xeon
+):
     """A permutation between buffers in memory whose sizes have no good divisor (primes) is
     split into regions, so that its main part gets tiles and loops that threads share; one
     within the caches stays a single call."""

@@ -929,7 +929,7 @@ def test_rows_a_short_distance_apart_are_packed_by_the_nest_only():
     assert not primitive._packs_rows(half, leading // 4, near, 4)
 
 
-def test_a_panel_of_rows_a_short_distance_apart(monkeypatch):
+def test_a_panel_of_rows_a_short_distance_apart(two_pipe_xeon, monkeypatch):
     """FP32 ``ijk,jkl->il`` with l's rows ``panel_leading_bytes`` apart, shared by two
     threads: each thread's half of the rows is packed once per K step for the M loop."""
     from teir.codegen.target import Target

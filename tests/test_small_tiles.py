@@ -20,7 +20,7 @@ def arrays(dtype, sizes=SIZES):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_a_small_tile_is_widened_by_copying_an_input(dtype):
+def test_a_small_tile_is_widened_by_copying_an_input(dtype, two_pipe_xeon):
     # in0 efcg leaves M its unit-stride g of 2: tiles of 2 x 6 as it lies (FP64 4.4 ms,
     # torch 0.85); in0 copied as fceg gives M e*g of 126 (1.4 ms)
     a, b = arrays(dtype)

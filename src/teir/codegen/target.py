@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -14,6 +15,10 @@ def initialize_llvm() -> None:
     """Initialize LLVM's native target once per process."""
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
+
+
+CPU_NAME_VARIABLE = "TEIR_CPU_NAME"
+CACHE_SIZES_VARIABLE = "TEIR_CACHE_SIZES"
 
 
 @dataclass(frozen=True)
@@ -72,11 +77,16 @@ class Target:
     @staticmethod
     @cache
     def host() -> Target:
-        """The machine this process runs on, as LLVM reports it."""
+        """The machine this process runs on, as LLVM reports it.
+
+        ``TEIR_CPU_NAME`` names another CPU model (as LLVM's ``-mcpu`` does: ``znver4``,
+        ``sapphirerapids``) for code that is scheduled and blocked for it; the instruction set
+        stays this machine's, so the code still runs here. Read once per process.
+        """
         initialize_llvm()
         return Target(
             llvm.get_process_triple(),
-            llvm.get_host_cpu_name(),
+            os.environ.get(CPU_NAME_VARIABLE, "").strip() or llvm.get_host_cpu_name(),
             llvm.get_host_cpu_features().flatten(),
         )
 
@@ -97,7 +107,12 @@ def _parse_size(text: str) -> int:
 
 @cache
 def cache_sizes() -> dict[str, int]:
-    """Per-core data cache sizes ("L1", "L2") and the last level ("L3") in bytes."""
+    """Per-core data cache sizes ("L1", "L2") and the last level ("L3") in bytes.
+
+    ``TEIR_CACHE_SIZES`` (``L1=48K,L2=2M,L3=105M``: any of the three, bytes or K/M/G) stands
+    in for what the system reports, for a machine that reports none or a wrong one (some
+    VMs), and to plan as another machine would. Read once per process.
+    """
     sizes: dict[str, int] = {}
     root = Path("/sys/devices/system/cpu/cpu0/cache")
     try:
@@ -109,9 +124,31 @@ def cache_sizes() -> dict[str, int]:
             sizes[f"L{number}"] = _parse_size((index / "size").read_text())
     except (OSError, ValueError):
         pass
+    sizes.update(_configured_cache_sizes(os.environ.get(CACHE_SIZES_VARIABLE, "")))
     # Typical sizes where the system does not say.
     for name, default in (("L1", 32 * 1024), ("L2", 1024 * 1024), ("L3", 8 * 1024 * 1024)):
         sizes.setdefault(name, default)
+    return sizes
+
+
+def _configured_cache_sizes(text: str) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        name, equals, value = part.partition("=")
+        name = name.strip().upper()
+        try:
+            size = _parse_size(value) if equals else 0
+        except ValueError:
+            size = 0
+        if name not in ("L1", "L2", "L3") or size <= 0:
+            raise ValueError(
+                f"{CACHE_SIZES_VARIABLE}={text!r}: cannot read {part.strip()!r}; write each "
+                "cache as LEVEL=SIZE with LEVEL one of L1, L2, L3 and SIZE a positive number "
+                f"of bytes, optionally with K, M or G, e.g. {CACHE_SIZES_VARIABLE}=L1=48K,L2=2M"
+            )
+        sizes[name] = size
     return sizes
 
 
