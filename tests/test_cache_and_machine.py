@@ -166,10 +166,10 @@ def test_the_l3_share_counts_the_cpus_that_share_it():
         assert l3_share() <= cpu_list_count(listed.read_text()) * L3_SHARE_PER_CPU
 
 
-def test_copies_beyond_a_cores_l2_are_planned_in_memory(monkeypatch):
+def test_copies_beyond_a_cores_l2_are_planned_in_memory(two_pipe_xeon, monkeypatch):
     """A copy whose tensors outgrow a core's L2, or this process's share of L3 where that is
     smaller, is planned as one between buffers in memory, even where the whole L3 would
-    hold it."""
+    hold it (on the Xeon, whose L3 answers at about DRAM's rate)."""
     from teir.lower import tiles
 
     monkeypatch.setattr(tiles, "cache_sizes", lambda: {"L1": 1 << 15, "L2": 1 << 21, "L3": 1 << 30})
@@ -232,3 +232,24 @@ def test_the_machine_can_be_named_in_the_environment(two_pipe_xeon):
     os.environ[CACHE_SIZES_VARIABLE] = " l2 = 512K ,"
     cache_sizes.cache_clear()
     assert cache_sizes()["L2"] == 512 * 1024
+
+
+def test_copies_within_a_near_l3_share_are_planned_in_cache(monkeypatch):
+    """Where the L3 is near (Zen), a copy is planned in memory only beyond this process's
+    share of it, not from just past L2 on."""
+    from teir.codegen.target import Target
+    from teir.lower import tiles
+
+    monkeypatch.setenv("TEIR_CPU_NAME", "znver4")
+    Target.host.cache_clear()
+    try:
+        assert Target.host().near_l3
+        monkeypatch.setattr(
+            tiles, "cache_sizes", lambda: {"L1": 1 << 15, "L2": 1 << 20, "L3": 1 << 25}
+        )
+        monkeypatch.setattr(tiles, "l3_share", lambda: 12 << 20)
+        assert not tiles.copy_outgrows_cache(1 << 20, 4)  # 8 MiB moved: the L3 share holds it
+        assert tiles.copy_outgrows_cache(2 << 20, 4)  # 16 MiB
+    finally:
+        monkeypatch.delenv("TEIR_CPU_NAME")
+        Target.host.cache_clear()

@@ -70,6 +70,13 @@ class Target:
         return self.cpu.startswith("znver") and self.vector_bits == 512
 
     @property
+    def near_l3(self) -> bool:
+        """Whether the last-level cache answers a core's scattered lines far faster than
+        memory: AMD Zen's L3, shared by the few cores of one complex (a 2-vCPU Xeon's mesh L3
+        answered at about DRAM's rate)."""
+        return self.cpu.startswith("znver")
+
+    @property
     def key(self) -> str:
         """Identifies the generated code's target, for cache keys."""
         return f"{self.triple}|{self.cpu}|{self.features}"

@@ -321,9 +321,16 @@ def copy_outgrows_cache(elements: int, itemsize: int) -> bool:
     so copies planned as in memory ran faster from just past L2 on (FP32, 2 threads, in one
     process: ij->ji 724^2 4.7 -> 12.5 GB/s, 1000^2 3.2 -> 10.7, 1500^2 9.2 -> 12.5, ijk->kji
     100^3 3.3 -> 14.6, ijkl->ljki 30^4 4.1 -> 15.6; at 512^2, 2 MiB in all, 11.9 -> 9.4) and
-    from 32 MiB on by 3-4x (ij->ji 2048^2 6 -> 19 GB/s, ijklm->ikmjl 24^5 3.7 -> 14)."""
+    from 32 MiB on by 3-4x (ij->ji 2048^2 6 -> 19 GB/s, ijklm->ikmjl 24^5 3.7 -> 14).
+    Where the L3 is near (``Target.near_l3``: Zen 4's answers at several times DRAM's
+    rate), only this process's share of it counts: planned in memory from just past L2 on,
+    copies ran at half the rate (2 threads, alternating processes: ij->ji 724^2 FP32 51 ->
+    108 GB/s, 1200^2 52 -> 96, ijkl->ljki 30^4 50 -> 120, ijk->kji 100^3 FP64 56 -> 86)."""
     sizes = cache_sizes()
-    return 2 * elements * itemsize > min(sizes["L2"], sizes["L3"], l3_share())
+    limit = min(sizes["L3"], l3_share())
+    if not Target.host().near_l3:
+        limit = min(limit, sizes["L2"])
+    return 2 * elements * itemsize > limit
 
 
 def _fuse(axes: list[_Axis], tensors: tuple[Tensor, ...]) -> list[_Axis]:
