@@ -795,7 +795,7 @@ def _loops(config: teir.Config) -> list[tuple[int, int, int]]:
 
 
 @pytest.mark.parametrize(("rows", "columns"), [(2048, 640), (2048, 97), (4, 5)])
-def test_scaled_transposes_run_in_transposed_tiles(rows, columns):
+def test_scaled_transposes_run_in_transposed_tiles(rows, columns, two_pipe_xeon):
     """A permuted elementwise product (one-element kernels, no K loop) that writes its input
     transposed runs tiles of the output's and in0's unit-stride loops innermost, cut as a
     transposing Copy's tiles (97, no good block, whole), on the scaled transposing kernel;
