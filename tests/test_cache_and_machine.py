@@ -218,9 +218,11 @@ def test_the_machine_can_be_named_in_the_environment(two_pipe_xeon):
     malformed size says what to write instead."""
     import teir
     from teir.codegen.target import CACHE_SIZES_VARIABLE, Target, cache_sizes
+    from teir.kernels.cache import cache_key
 
     host = Target.host()
     assert host.cpu == "sapphirerapids" and not host.half_width_is_free
+    pinned_key = cache_key("kernel", host)
     assert cache_sizes()["L1"] == 48 * 1024 and cache_sizes()["L2"] == 2 << 20
     a = np.arange(12.0).reshape(3, 4)
     np.testing.assert_array_equal(teir.einsum("ij,jk->ik", a, a.T), a @ a.T)
@@ -232,6 +234,8 @@ def test_the_machine_can_be_named_in_the_environment(two_pipe_xeon):
     os.environ[CACHE_SIZES_VARIABLE] = " l2 = 512K ,"
     cache_sizes.cache_clear()
     assert cache_sizes()["L2"] == 512 * 1024
+    # code planned for other cache sizes is compiled afresh, not taken from the cache
+    assert cache_key("kernel", host) != pinned_key
 
 
 def test_copies_within_a_near_l3_share_are_planned_in_cache(monkeypatch):

@@ -27,7 +27,7 @@ from pathlib import Path
 import llvmlite  # type: ignore[import-untyped]
 import llvmlite.binding as llvm  # type: ignore[import-untyped]
 
-from teir.codegen.target import Target
+from teir.codegen.target import Target, cache_sizes, l2_ways
 from teir.kernels import jit
 
 MAGIC = b"TEIR-OBJ1\n"
@@ -53,9 +53,13 @@ def _generator_hash() -> str:
 
 
 def cache_key(description: str, target: Target) -> str:
+    # Register blocks, batch chunks and stack buffers follow the cache sizes too (which
+    # TEIR_CACHE_SIZES may set): code planned for other caches is not reused.
+    caches = ",".join(f"{name}={size}" for name, size in sorted(cache_sizes().items()))
     parts = [
         description,
         target.key,
+        f"{caches},L2ways={l2_ways()}",
         ".".join(map(str, llvm.llvm_version_info)),
         llvmlite.__version__,
         str(jit.OPT_LEVEL),

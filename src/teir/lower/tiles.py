@@ -324,8 +324,8 @@ def copy_outgrows_cache(elements: int, itemsize: int) -> bool:
     from 32 MiB on by 3-4x (ij->ji 2048^2 6 -> 19 GB/s, ijklm->ikmjl 24^5 3.7 -> 14).
     Where the L3 is near (``Target.near_l3``: Zen 4's answers at several times DRAM's
     rate), only this process's share of it counts: planned in memory from just past L2 on,
-    copies ran at half the rate (2 threads, alternating processes: ij->ji 724^2 FP32 51 ->
-    108 GB/s, 1200^2 52 -> 96, ijkl->ljki 30^4 50 -> 120, ijk->kji 100^3 FP64 56 -> 86)."""
+    copies ran at about half the rate (2 threads, alternating processes: ij->ji 724^2 FP32
+    56 -> 97 GB/s, FP64 56 -> 135, 1000^2 FP32 50 -> 87, ijkl->ljki 30^4 53 -> 98)."""
     sizes = cache_sizes()
     limit = min(sizes["L3"], l3_share())
     if not Target.host().near_l3:
