@@ -229,7 +229,7 @@ def test_the_machine_can_be_named_in_the_environment(two_pipe_xeon):
     for text in ("L4=1M", "L2=two", "L2", "L1=0"):
         os.environ[CACHE_SIZES_VARIABLE] = text
         cache_sizes.cache_clear()
-        with pytest.raises(ValueError, match="LEVEL=SIZE"):
+        with pytest.raises(teir.TeirError, match="LEVEL=SIZE"):
             cache_sizes()
     os.environ[CACHE_SIZES_VARIABLE] = " l2 = 512K ,"
     cache_sizes.cache_clear()

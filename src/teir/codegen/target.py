@@ -9,6 +9,8 @@ from pathlib import Path
 
 import llvmlite.binding as llvm  # type: ignore[import-untyped]
 
+from teir.errors import TeirError
+
 
 @cache
 def initialize_llvm() -> None:
@@ -150,7 +152,7 @@ def _configured_cache_sizes(text: str) -> dict[str, int]:
         except ValueError:
             size = 0
         if name not in ("L1", "L2", "L3") or size <= 0:
-            raise ValueError(
+            raise TeirError(
                 f"{CACHE_SIZES_VARIABLE}={text!r}: cannot read {part.strip()!r}; write each "
                 "cache as LEVEL=SIZE with LEVEL one of L1, L2, L3 and SIZE a positive number "
                 f"of bytes, optionally with K, M or G, e.g. {CACHE_SIZES_VARIABLE}=L1=48K,L2=2M"
