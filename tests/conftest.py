@@ -1,5 +1,7 @@
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -41,12 +43,16 @@ def _forget_the_machine() -> None:
     clear_plans()
 
 
-@pytest.fixture
-def two_pipe_xeon():
-    """Plan (and compile) as the two-pipe Xeon would, with this machine's instruction set."""
+@contextmanager
+def pinned_machine(cpu_name: str, cache_sizes: str | None = None) -> Iterator[None]:
+    """Plan (and compile) for the CPU model ``cpu_name`` and, where given, the cache sizes
+    ``cache_sizes`` (TEIR_CACHE_SIZES' form), with this machine's instruction set; what was
+    set before is restored afterwards."""
     from teir.codegen.target import CACHE_SIZES_VARIABLE, CPU_NAME_VARIABLE
 
-    pinned = {CPU_NAME_VARIABLE: XEON_CPU_NAME, CACHE_SIZES_VARIABLE: XEON_CACHE_SIZES}
+    pinned = {CPU_NAME_VARIABLE: cpu_name}
+    if cache_sizes is not None:
+        pinned[CACHE_SIZES_VARIABLE] = cache_sizes
     before = {name: os.environ.get(name) for name in pinned}
     os.environ.update(pinned)
     _forget_the_machine()
@@ -59,3 +65,10 @@ def two_pipe_xeon():
             else:
                 os.environ[name] = value
         _forget_the_machine()
+
+
+@pytest.fixture
+def two_pipe_xeon() -> Iterator[None]:
+    """Plan (and compile) as the two-pipe Xeon would, with this machine's instruction set."""
+    with pinned_machine(XEON_CPU_NAME, XEON_CACHE_SIZES):
+        yield

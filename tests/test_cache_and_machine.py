@@ -241,12 +241,11 @@ def test_the_machine_can_be_named_in_the_environment(two_pipe_xeon):
 def test_copies_within_a_near_l3_share_are_planned_in_cache(monkeypatch):
     """Where the L3 is near (Zen), a copy is planned in memory only beyond this process's
     share of it, not from just past L2 on."""
+    from conftest import pinned_machine
     from teir.codegen.target import Target
     from teir.lower import tiles
 
-    monkeypatch.setenv("TEIR_CPU_NAME", "znver4")
-    Target.host.cache_clear()
-    try:
+    with pinned_machine("znver4"):
         assert Target.host().near_l3
         monkeypatch.setattr(
             tiles, "cache_sizes", lambda: {"L1": 1 << 15, "L2": 1 << 20, "L3": 1 << 25}
@@ -254,6 +253,3 @@ def test_copies_within_a_near_l3_share_are_planned_in_cache(monkeypatch):
         monkeypatch.setattr(tiles, "l3_share", lambda: 12 << 20)
         assert not tiles.copy_outgrows_cache(1 << 20, 4)  # 8 MiB moved: the L3 share holds it
         assert tiles.copy_outgrows_cache(2 << 20, 4)  # 16 MiB
-    finally:
-        monkeypatch.delenv("TEIR_CPU_NAME")
-        Target.host.cache_clear()
