@@ -238,6 +238,9 @@ def test_bench_course(capsys):
     report = json.loads(capsys.readouterr().out)
     assert len(report["rows"]) == 6
     assert all(row["gflops"] > 0 and row["fraction"] > 0 for row in report["rows"])
+    optimized = report["optimizer_inputs"]  # teir and NumPy's best of alternating rounds
+    assert [row["name"] for row in optimized] == ["opt_gemm_1600", "opt_contraction_64_25"]
+    assert all(row["gflops"] > 0 and row["numpy_gflops"] > 0 for row in optimized)
 
 
 def test_optimize_command(capsys, tmp_path):

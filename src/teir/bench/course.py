@@ -102,12 +102,11 @@ def run(dtypes: tuple[str, ...] = ("f32", "f64"), seconds: float = 0.5) -> dict[
     cores = machine.usable_cores()
     peaks = {f"{d} x{n}": machine.peak_gflops(d, n) for d in dtypes for n in sorted({1, cores})}
     progress.step("probe")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, variant, data, threads in all_cases:
         config = Config.from_dict(data)
         best = _time_teir(config, threads, seconds)
         dtype = config.data_type.short
-        peak = peaks[f"{dtype} x{threads}"]
         gflops = config.flops / best / 1e9
         rows.append(
             {
@@ -117,7 +116,7 @@ def run(dtypes: tuple[str, ...] = ("f32", "f64"), seconds: float = 0.5) -> dict[
                 "threads": threads,
                 "seconds": best,
                 "gflops": gflops,
-                "fraction": gflops / peak,
+                "fraction": None,  # of the higher probe, before or after: set at the end
                 "etops_gflops": None,
                 "etops_fraction": None,
             }
@@ -136,14 +135,21 @@ def run(dtypes: tuple[str, ...] = ("f32", "f64"), seconds: float = 0.5) -> dict[
                 row = rows[i]
                 gflops = Config.from_dict(all_cases[i][2]).flops / etops_seconds / 1e9
                 row["etops_gflops"] = gflops
-                row["etops_fraction"] = gflops / peaks[f"f32 x{threads}"]
         progress.step(f"etops x{threads}")
-    optimized = _optimizer_inputs(dtypes, cores, peaks, seconds)
+    optimized = _optimizer_inputs(dtypes, cores, seconds)
     progress.step("optimizer inputs")
     call_overhead = tiny_call_seconds()
     after = {f"{d} x{n}": machine.peak_gflops(d, n) for d in dtypes for n in sorted({1, cores})}
     progress.step("probe again")
     progress.close()
+    # A probe reads low, never high, when a core is taken away meanwhile: every fraction is
+    # of the higher of the two.
+    higher = {key: max(peak, after[key]) for key, peak in peaks.items()}
+    for row in [*rows, *optimized]:
+        key = f"{'f32' if row['dtype'] == 'FP32' else 'f64'} x{row['threads']}"
+        row["fraction"] = row["gflops"] / higher[key]
+        if row.get("etops_gflops") is not None:
+            row["etops_fraction"] = row["etops_gflops"] / higher[key]
     return {
         "cores": cores,
         "peaks": peaks,
@@ -155,37 +161,46 @@ def run(dtypes: tuple[str, ...] = ("f32", "f64"), seconds: float = 0.5) -> dict[
     }
 
 
-def _optimizer_inputs(
-    dtypes: tuple[str, ...], cores: int, peaks: dict[str, float], seconds: float
-) -> list[dict[str, Any]]:
+def _optimizer_inputs(dtypes: tuple[str, ...], cores: int, seconds: float) -> list[dict[str, Any]]:
     """The optimizer inputs scheduled by teir.optimize on all cores, next to NumPy's einsum
-    of the same product (in its own process, same thread count)."""
-    from teir.bench.einsum_suite import _baseline
+    of the same product (in its own process, same thread count), timed in alternating
+    rounds as the einsum suite's cases are (``einsum_suite.ROUNDS``): each side's best round."""
+    from teir.bench.einsum_suite import ROUNDS, _baseline
     from teir.optimizer import optimize
 
-    rows = []
+    configs = []
     requests = []
     for dtype in dtypes:
         for name, fields, subscripts, shapes in OPTIMIZER_INPUTS:
             data = dict(fields, data_type="FP32" if dtype == "f32" else "FP64")
-            config = optimize(data, cores)
-            best = _time_teir(config, cores, seconds)
-            gflops = config.flops / best / 1e9
-            rows.append(
-                {
-                    "name": name,
-                    "dtype": data["data_type"],
-                    "threads": cores,
-                    "gflops": gflops,
-                    "fraction": gflops / peaks[f"{dtype} x{cores}"],
-                    "flops": config.flops,
-                }
-            )
+            configs.append((name, optimize(data, cores)))
             requests.append((subscripts, shapes, "float32" if dtype == "f32" else "float64"))
-    for row, numpy_seconds in zip(rows, _baseline("numpy", requests, cores, seconds)):
-        row["numpy_gflops"] = None if numpy_seconds is None else row["flops"] / numpy_seconds / 1e9
-        row["speedup_numpy"] = (
-            None if numpy_seconds is None else row["gflops"] / row["numpy_gflops"]
+    share = seconds / ROUNDS
+    teir_best = [float("inf")] * len(configs)
+    numpy_best: list[float | None] = [None] * len(configs)
+    for _ in range(ROUNDS):
+        for index, (_, config) in enumerate(configs):
+            teir_best[index] = min(teir_best[index], _time_teir(config, cores, share))
+        measured = _baseline("numpy", requests, cores, share)
+        numpy_best = [
+            min((t for t in (a, b) if t is not None), default=None)
+            for a, b in zip(numpy_best, measured)
+        ]
+    rows = []
+    for (name, config), best, numpy_seconds in zip(configs, teir_best, numpy_best):
+        gflops = config.flops / best / 1e9
+        numpy_gflops = None if numpy_seconds is None else config.flops / numpy_seconds / 1e9
+        rows.append(
+            {
+                "name": name,
+                "dtype": config.data_type.value,
+                "threads": cores,
+                "gflops": gflops,
+                "fraction": None,
+                "flops": config.flops,
+                "numpy_gflops": numpy_gflops,
+                "speedup_numpy": None if numpy_gflops is None else gflops / numpy_gflops,
+            }
         )
     return rows
 
