@@ -1,6 +1,7 @@
 """``teir bench trees``: the course's einsum trees against opt_einsum and torch.
 
-Each tree is optimized and compiled by teir and timed in this process. Baselines run in
+Each tree is optimized and compiled by teir and timed in this process, in rounds that
+alternate with the baselines (each side's best round counts). Baselines run in
 processes of their own with the same thread count: opt_einsum (NumPy backend) along the
 tree's own contraction order and along its own best path ("optimal"), and ``torch.einsum``
 if installed. Reports GFLOP/s, the fraction of all cores' FMA peak from the same run, the
@@ -10,13 +11,14 @@ speedups, and peak intermediate memory: teir's arena next to opt_einsum's for th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import numpy as np
 
 from teir import machine
-from teir.bench.einsum_suite import _baseline
+from teir.bench.einsum_suite import ROUNDS, _baseline
 from teir.bench.progress import Progress
 from teir.bench.timing import best_seconds
 from teir.runtime.pool import default_threads
@@ -107,12 +109,14 @@ def opt_einsum_peak(root: Node, sizes: list[int], itemsize: int) -> int:
 
 
 def run(dtype: str = "f32", seconds: float = 1.0, threads: int | None = None) -> dict[str, Any]:
+    """Every course tree compiled by teir and on the baselines, ``seconds`` of timing per tree
+    and library spread over alternating rounds (``einsum_suite.ROUNDS``): each one's best."""
     threads = threads or default_threads()
     np_dtype = np.dtype(np.float32 if dtype == "f32" else np.float64)
-    progress = Progress(len(COURSE_TREES) + 4, f"bench trees {dtype}")
-    peak = machine.peak_gflops(dtype, threads)
-    progress.step("probe")
+    progress = Progress(ROUNDS * (len(COURSE_TREES) + 2) + 1, f"bench trees {dtype}")
+    peak = 0.0
     rows: list[dict[str, Any]] = []
+    runs: list[Callable[[], object]] = []
     checks: list[tuple[str, list[list[int]], list[np.ndarray], np.ndarray]] = []
     requests: dict[str, list[Any]] = {"same": [], "best": []}
     for name, string, sizes in COURSE_TREES:
@@ -122,7 +126,7 @@ def run(dtype: str = "f32", seconds: float = 1.0, threads: int | None = None) ->
         rng = np.random.default_rng(0)
         arrays = [rng.uniform(-1, 1, shape).astype(np_dtype) for shape in tree.leaf_shapes]
         out = np.empty(tree.out_shape, np_dtype)
-        elapsed = best_seconds(partial(compiled, *arrays, out=out), seconds)
+        runs.append(partial(compiled, *arrays, out=out))
         subscripts, path = expression(tree.root)
         shapes = [list(s) for s in tree.leaf_shapes]
         requests["same"].append([subscripts, shapes, np_dtype.name, path])
@@ -133,27 +137,41 @@ def run(dtype: str = "f32", seconds: float = 1.0, threads: int | None = None) ->
                 "tree": string,
                 "optimized": optimized.to_string(),
                 "gflop": tree.flops / 1e9,
-                "seconds": elapsed,
-                "rate": tree.flops / elapsed / 1e9,
-                "fraction": tree.flops / elapsed / 1e9 / peak,
+                "flops": tree.flops,
                 "arena_mib": compiled.intermediate_bytes / 2**20,
                 "opt_einsum_mib": opt_einsum_peak(tree.root, list(tree.sizes), np_dtype.itemsize)
                 / 2**20,
             }
         )
-        checks.append((subscripts, path, arrays, out.copy()))
-        progress.step(name)
-    baselines = {
-        "opt_einsum_same_path": _baseline("opt_einsum", requests["same"], threads, seconds),
-        "opt_einsum_best_path": _baseline("opt_einsum", requests["best"], threads, seconds),
-        "torch": _baseline("torch", [r[:3] for r in requests["same"]], threads, seconds),
-    }
-    progress.step("baselines")
+        checks.append((subscripts, path, arrays, out))
+    share = seconds / ROUNDS
+    best: dict[str, list[float | None]] = {}
+    for _ in range(ROUNDS):
+        peak = max(peak, machine.peak_gflops(dtype, threads))
+        progress.step("probe")
+        measured: dict[str, list[float | None]] = {"teir": []}
+        for row, run_tree in zip(rows, runs):
+            measured["teir"].append(best_seconds(run_tree, share))
+            progress.step(row["name"])
+        measured["opt_einsum_same_path"] = _baseline("opt_einsum", requests["same"], threads, share)
+        measured["opt_einsum_best_path"] = _baseline("opt_einsum", requests["best"], threads, share)
+        measured["torch"] = _baseline("torch", [r[:3] for r in requests["same"]], threads, share)
+        progress.step("baselines")
+        for library, times in measured.items():
+            kept = best.setdefault(library, list(times))
+            best[library] = [
+                min((t for t in (a, b) if t is not None), default=None) for a, b in zip(kept, times)
+            ]
     for index, row in enumerate(rows):
-        for library, times in baselines.items():
-            baseline = times[index]
+        elapsed = best["teir"][index]
+        assert elapsed is not None
+        row["seconds"] = elapsed
+        row["rate"] = row.pop("flops") / elapsed / 1e9
+        row["fraction"] = row["rate"] / peak
+        for library in ("opt_einsum_same_path", "opt_einsum_best_path", "torch"):
+            baseline = best[library][index]
             row[library] = baseline
-            row[f"speedup_{library}"] = None if baseline is None else baseline / row["seconds"]
+            row[f"speedup_{library}"] = None if baseline is None else baseline / elapsed
         row["ok"] = _check(*checks[index], np_dtype)
     progress.step("check")
     progress.close()
