@@ -10,7 +10,7 @@ import pytest
 import teir
 from teir.frontend import einsum as einsum_module
 from teir.frontend import element_layout
-from teir.frontend.element_layout import copy_orders, memory_order
+from teir.frontend.element_layout import copy_orders, memory_order, small_copies
 from teir.frontend.fallback_call import FallbackCall
 
 
@@ -100,3 +100,50 @@ def test_a_broadcast_input_counts_its_elements_in_memory():
     # not 108 x 360 x 1089, so it is small and stays as it lies
     broadcast = ("bca", {"b": 1089, "c": 0, "a": 1})
     assert copy_orders([tensors("bac")[0], broadcast, tensors("cab")[0]], SIZES, 4) is None
+
+
+def test_small_inputs_strided_along_the_results_unit_label_take_its_layout():
+    sizes = {"a": 64, "b": 1024, "c": 192}
+    # cb,a->bac: in0 runs along c (the result's unit label) 1024 apart; in1 lacks c
+    terms = [("cb", c_strides("cb", sizes)), ("a", c_strides("a", sizes))]
+    out = ("bac", c_strides("bac", sizes))
+    assert small_copies([*terms, out], sizes) == ("bc", None, None)
+    # both inputs strided along it (ac,ab->bca): both copied, each in the result's order
+    sizes = {"a": 8, "b": 80, "c": 24576}
+    terms = [("ac", c_strides("ac", sizes)), ("ab", c_strides("ab", sizes))]
+    assert small_copies([*terms, ("bca", c_strides("bca", sizes))], sizes) == ("ca", "ba", None)
+    # an input already along it, or broadcast along it (stride 0), stays as it lies
+    sizes = {"a": 64, "b": 1024, "c": 192}
+    terms = [("bc", c_strides("bc", sizes)), ("ca", {"c": 0, "a": 1})]
+    assert small_copies([*terms, out], sizes) is None
+
+
+def test_small_copies_need_a_large_result_and_small_inputs():
+    sizes = {"a": 16, "b": 16, "c": 16}  # a result of 4096 elements: the nest as it lies
+    terms = [("cb", c_strides("cb", sizes)), ("a", c_strides("a", sizes))]
+    assert small_copies([*terms, ("bac", c_strides("bac", sizes))], sizes) is None
+    # an input of more than SMALL_SHARE of the result's elements is no small input
+    sizes = {"a": 4, "b": 1024, "c": 192}
+    terms = [("cb", c_strides("cb", sizes)), ("a", c_strides("a", sizes))]
+    assert small_copies([*terms, ("bac", c_strides("bac", sizes))], sizes) is None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_an_outer_product_copies_its_small_strided_input(dtype):
+    einsum_module.clear_plans()
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((192, 1024)).astype(dtype)  # cb
+    y = rng.standard_normal(64).astype(dtype)  # a
+    expected = np.einsum("cb,a->bac", x, y)
+    out = np.zeros((1024, 64, 192), dtype)
+    plan = teir.einsum_plan("cb,a->bac", x, y, out=out)
+    assert plan.elementwise_copies == einsum_module.SMALL_COPIES
+    assert plan.canonical == ("bc", None, None)
+    assert "a small input lies a stride apart" in plan.explain()
+    for _ in range(2):  # the second call replays the recorded steps
+        out[...] = 1
+        teir.einsum("cb,a->bac", x, y, out=out, accumulate=True, relu=True, threads=2)
+        np.testing.assert_allclose(out, np.maximum(expected + 1, 0), rtol=1e-6, atol=1e-6)
+    # a strided view of in0 and a new result
+    view = np.ascontiguousarray(x[:, ::-1])[:, ::-1]
+    np.testing.assert_allclose(teir.einsum("cb,a->bac", view, y), expected, rtol=1e-6)

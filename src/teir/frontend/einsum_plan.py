@@ -184,9 +184,10 @@ class Plan:
     # where the operands as they lie fit another (``relayout_pays``), and the steps that use
     # them are planned as they lie, never asking for copies of their own.
     steps_as_they_lie: bool = False
-    # With ``canonical``: an elementwise product whose three tensors have their unit strides
-    # on three labels, one input copied into the other's layout (see element_layout).
-    elementwise_copies: bool = False
+    # With ``canonical``: why an elementwise product's inputs are copied (see element_layout):
+    # its three tensors have their unit strides on three labels, or small inputs run along
+    # the result's unit stride a stride apart; "" where it is no such product.
+    elementwise_copies: str = ""
     # With ``canonical``: considered only because the kernel's tiles are small
     # (``small_tile``); kept only where the copies give tiles TILE_GAIN times larger.
     for_small_tiles: bool = False
@@ -222,10 +223,7 @@ class Plan:
                 if order is not None
             ]
             if self.elementwise_copies:
-                why = (
-                    "the nest of an elementwise product whose three tensors have their unit "
-                    "strides on three labels reads one of them a line per element"
-                )
+                why = self.elementwise_copies
             elif self.for_small_tiles:
                 why = (
                     "the kernel that fits the operands as they lie computes "
