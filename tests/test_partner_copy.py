@@ -82,3 +82,21 @@ def test_small_contractions_and_equal_partners_stay_in_place():
     ]
     assert einsum_plan.partner_copy(plan, as_they_lie)
     assert not einsum_plan.partner_copy(plan, [as_they_lie[0], as_they_lie[0]])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_small_input_takes_the_large_ones_order_as_it_lies(dtype):
+    """``bc,acb->a``: the kernel's order and the transposed product's both keep the small
+    input's b, c, whose kernel fills one lane along a; the small input in the large one's
+    order (c, b) gives dot products along all of the large one's rows."""
+    rng = np.random.default_rng(9)
+    small = rng.standard_normal((64, 448)).astype(dtype)
+    big = rng.standard_normal((96, 448, 64)).astype(dtype)
+    plan = teir.einsum_plan("bc,acb->a", small, big, threads=2)
+    assert plan.canonical == ("cb", None, None)
+    assert einsum_plan.vector_fill(plan.product) >= einsum_plan.POOR_FILL
+    expected = np.einsum("bc,acb->a", small.astype(np.float64), big.astype(np.float64))
+    tolerance = 1e-2 if dtype == np.float32 else 1e-9
+    for _ in range(2):  # the first call records the steps, the second replays them
+        result = teir.einsum("bc,acb->a", small, big, threads=2)
+        np.testing.assert_allclose(result, expected, rtol=tolerance, atol=tolerance)

@@ -318,7 +318,16 @@ def _partner_copy(
     assert plan.canonical is not None
     small = 0 if inputs[0].array.size <= inputs[1].array.size else 1
     mirrored = canonical_orders(inputs, plan.subscripts.output, mirrored=True)
-    for chosen in (plan.canonical, mirrored):
+    # the large input's order as it lies: the labels it shares with the small one then run
+    # alike in both (FP32 bc,acb->a, the large one's K (c, b) 28672 steps along its rows)
+    large = inputs[1 - small]
+    lying = element_layout.memory_order(large.labels, large.strides, large.sizes)
+    own = element_layout.memory_order(
+        inputs[small].labels, inputs[small].strides, inputs[small].sizes
+    )
+    along = "".join([x for x in own if x not in lying] + [x for x in lying if x in own])
+    along_large = (along, None, None) if small == 0 else (None, along, None)
+    for chosen in (plan.canonical, mirrored, along_large):
         orders: element_layout.Orders = (
             chosen[0] if small == 0 else None,
             chosen[1] if small == 1 else None,
