@@ -15,7 +15,7 @@ import teir
 from helpers import EXAMPLES, operands
 from strategies import configs
 from teir import reference
-from teir.frontend import einsum_plan
+from teir.frontend import einsum_plan, element_layout
 from teir.frontend.einsum import clear_plans
 from teir.lower.nest import lower
 
@@ -833,9 +833,12 @@ def test_accumulated_scaled_transposes_read_in0_in_runs():
     assert lower(config).transposed is None
 
 
-def test_elementwise_order_reads_the_larger_input_in_runs():
+def test_elementwise_order_reads_the_larger_input_in_runs(monkeypatch):
     """Where in1 is the large input (``dc,bcda->abcd``), its unit stride is the one read in
-    runs, and the result equals NumPy's."""
+    runs, and the result equals NumPy's. (teir.einsum copies in0, small and strided along
+    the result's unit stride, first: element_layout.small_copies, turned off here.)"""
+    monkeypatch.setattr(element_layout, "SMALL_SHARE", 0)
+    clear_plans()
     a = RNG.standard_normal((48, 20)).astype(np.float32)
     b = RNG.standard_normal((24, 20, 48, 64)).astype(np.float32)
     out = np.empty((64, 24, 20, 48), np.float32)  # a new result would take in1's order
@@ -843,6 +846,7 @@ def test_elementwise_order_reads_the_larger_input_in_runs():
     assert "elementwise: in1's next elements innermost" in plan.explain()
     teir.einsum("dc,bcda->abcd", a, b, out=out, threads=2)
     np.testing.assert_allclose(out, np.einsum("dc,bcda->abcd", a, b), rtol=1e-6)
+    clear_plans()  # planned without small copies
 
 
 def test_loop_stepping_within_an_inputs_lines_runs_innermost(monkeypatch):
