@@ -19,8 +19,8 @@ import numpy as np
 from teir import machine
 from teir.bench.demo import _lab, _shared_first_two
 from teir.bench.progress import Progress
-from teir.bench.timing import best_seconds
-from teir.ir import Config, Tensor
+from teir.bench.timing import best_of_rounds, best_seconds
+from teir.ir import Config, DataType, Tensor
 from teir.runtime.operation import compile as compile_config
 
 LABS = ("lab1_gemm", "lab2_brgemm", "lab3_zero_brgemm_relu")
@@ -146,7 +146,7 @@ def run(dtypes: tuple[str, ...] = ("f32", "f64"), seconds: float = 0.5) -> dict[
     # of the higher of the two.
     higher = {key: max(peak, after[key]) for key, peak in peaks.items()}
     for row in [*rows, *optimized]:
-        key = f"{'f32' if row['dtype'] == 'FP32' else 'f64'} x{row['threads']}"
+        key = f"{DataType(row['dtype']).short} x{row['threads']}"
         row["fraction"] = row["gflops"] / higher[key]
         if row.get("etops_gflops") is not None:
             row["etops_fraction"] = row["etops_gflops"] / higher[key]
@@ -176,18 +176,16 @@ def _optimizer_inputs(dtypes: tuple[str, ...], cores: int, seconds: float) -> li
             configs.append((name, optimize(data, cores)))
             requests.append((subscripts, shapes, "float32" if dtype == "f32" else "float64"))
     share = seconds / ROUNDS
-    teir_best = [float("inf")] * len(configs)
-    numpy_best: list[float | None] = [None] * len(configs)
+    teir_best: list[float | None] | None = None
+    numpy_best: list[float | None] | None = None
     for _ in range(ROUNDS):
-        for index, (_, config) in enumerate(configs):
-            teir_best[index] = min(teir_best[index], _time_teir(config, cores, share))
-        measured = _baseline("numpy", requests, cores, share)
-        numpy_best = [
-            min((t for t in (a, b) if t is not None), default=None)
-            for a, b in zip(numpy_best, measured)
-        ]
+        teir_round: list[float | None] = [_time_teir(c, cores, share) for _, c in configs]
+        teir_best = best_of_rounds(teir_best, teir_round)
+        numpy_best = best_of_rounds(numpy_best, _baseline("numpy", requests, cores, share))
+    assert teir_best is not None and numpy_best is not None
     rows = []
     for (name, config), best, numpy_seconds in zip(configs, teir_best, numpy_best):
+        assert best is not None
         gflops = config.flops / best / 1e9
         numpy_gflops = None if numpy_seconds is None else config.flops / numpy_seconds / 1e9
         rows.append(

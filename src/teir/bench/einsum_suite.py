@@ -27,7 +27,7 @@ import numpy as np
 
 from teir import machine
 from teir.bench.progress import Progress
-from teir.bench.timing import best_seconds
+from teir.bench.timing import best_of_rounds, best_seconds
 from teir.frontend.einsum import einsum
 from teir.runtime.pool import default_threads
 
@@ -210,11 +210,7 @@ def run(
             times[library] = _baseline(library, requests, threads, share)
             progress.step(library)
         for library, measured in times.items():
-            kept = best.setdefault(library, list(measured))
-            best[library] = [
-                min((t for t in (a, b) if t is not None), default=None)
-                for a, b in zip(kept, measured)
-            ]
+            best[library] = best_of_rounds(best.get(library), measured)
     progress.close()
     for index, (row, (_, _, subscripts, sizes)) in enumerate(zip(rows, cases)):
         teir_seconds = best["teir"][index]

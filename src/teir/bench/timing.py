@@ -19,3 +19,13 @@ def best_seconds(run: Callable[..., object], budget: float, minimum: int = 3) ->
         best = min(best, time.perf_counter() - start)
         count += 1
     return best
+
+
+def best_of_rounds(
+    kept: list[float | None] | None, measured: list[float | None]
+) -> list[float | None]:
+    """Each case's shorter time of the rounds so far (``kept``, None before the first) and
+    this round's ``measured``; None where neither round has one (the library failed)."""
+    if kept is None:
+        return list(measured)
+    return [min((t for t in (a, b) if t is not None), default=None) for a, b in zip(kept, measured)]

@@ -20,7 +20,7 @@ import numpy as np
 from teir import machine
 from teir.bench.einsum_suite import ROUNDS, _baseline
 from teir.bench.progress import Progress
-from teir.bench.timing import best_seconds
+from teir.bench.timing import best_of_rounds, best_seconds
 from teir.runtime.pool import default_threads
 from teir.tree.einsum_tree import EinsumTree
 from teir.tree.layout import LETTERS
@@ -137,7 +137,6 @@ def run(dtype: str = "f32", seconds: float = 1.0, threads: int | None = None) ->
                 "tree": string,
                 "optimized": optimized.to_string(),
                 "gflop": tree.flops / 1e9,
-                "flops": tree.flops,
                 "arena_mib": compiled.intermediate_bytes / 2**20,
                 "opt_einsum_mib": opt_einsum_peak(tree.root, list(tree.sizes), np_dtype.itemsize)
                 / 2**20,
@@ -158,15 +157,12 @@ def run(dtype: str = "f32", seconds: float = 1.0, threads: int | None = None) ->
         measured["torch"] = _baseline("torch", [r[:3] for r in requests["same"]], threads, share)
         progress.step("baselines")
         for library, times in measured.items():
-            kept = best.setdefault(library, list(times))
-            best[library] = [
-                min((t for t in (a, b) if t is not None), default=None) for a, b in zip(kept, times)
-            ]
+            best[library] = best_of_rounds(best.get(library), times)
     for index, row in enumerate(rows):
         elapsed = best["teir"][index]
         assert elapsed is not None
         row["seconds"] = elapsed
-        row["rate"] = row.pop("flops") / elapsed / 1e9
+        row["rate"] = row["gflop"] / elapsed
         row["fraction"] = row["rate"] / peak
         for library in ("opt_einsum_same_path", "opt_einsum_best_path", "torch"):
             baseline = best[library][index]

@@ -55,6 +55,13 @@ def memory_order(labels: Sequence[str], strides: dict[str, int], sizes: dict[str
     return "".join(still + sorted(moving, key=lambda x: -abs(strides[x])))
 
 
+def _elements_in_memory(
+    tensors: Sequence[tuple[Sequence[str], dict[str, int]]], sizes: dict[str, int]
+) -> list[int]:
+    """Each tensor's elements in memory: a broadcast label (stride 0) adds none."""
+    return [prod(sizes[x] for x in labels if strides.get(x, 0) != 0) for labels, strides in tensors]
+
+
 def copy_orders(
     tensors: Sequence[tuple[Sequence[str], dict[str, int]]],
     sizes: dict[str, int],
@@ -65,10 +72,7 @@ def copy_orders(
     (the other input's where that one lacks a label of the result), where all three are
     large and their unit strides lie on three labels; else None."""
     assert len(tensors) == 3
-    # elements in memory: a broadcast label (stride 0) adds none
-    elements = [
-        prod(sizes[x] for x in labels if strides.get(x, 0) != 0) for labels, strides in tensors
-    ]
+    elements = _elements_in_memory(tensors, sizes)
     orders = [memory_order(labels, strides, sizes) for labels, strides in tensors]
     if min(elements) < 2 or min(elements) < LARGE_SHARE * max(elements):
         return None
@@ -101,9 +105,7 @@ def small_copies(
     an input an element per line there, its copy a vector at a time (outer and broadcast
     products: FP32 bc,ca->bac, a 1024, b 62, c 256, 2 threads: 24 -> 8 ms)."""
     assert len(tensors) == 3
-    elements = [
-        prod(sizes[x] for x in labels if strides.get(x, 0) != 0) for labels, strides in tensors
-    ]
+    elements = _elements_in_memory(tensors, sizes)
     if elements[2] < MIN_SMALL_COPY_RESULT:
         return None
     result = memory_order(*tensors[2], sizes)
