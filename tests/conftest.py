@@ -19,13 +19,14 @@ settings.register_profile("thorough", parent=settings.get_profile("default"), ma
 settings.load_profile(os.environ.get("TEIR_HYPOTHESIS_PROFILE", "default"))
 
 
-# The two-pipe AVX-512 Xeon (Sapphire Rapids class: 48 KiB L1, 2 MiB L2) that planning tests
-# written on one pin their machine to, whatever CPU runs them: the decisions they check (which
-# kernel, which copies, how blocked) follow the CPU model and cache sizes, and a Zen 4 (1 MiB
-# L2, 512-bit FMAs on two 256-bit pipes) rightly decides otherwise. The instruction set stays
-# the host's, so what such a test compiles still runs.
+# The two-pipe AVX-512 Xeon (Sapphire Rapids class: 48 KiB L1, 2 MiB 16-way L2, 2 vCPUs'
+# share of L3) that planning tests written on one pin their machine to, whatever CPU runs them:
+# the decisions they check (which kernel, which copies, how blocked) follow the CPU model and
+# caches, and a Zen 4 (1 MiB L2, 512-bit FMAs on two 256-bit pipes) or a 16-core Xeon (16x the
+# L3 share) rightly decides otherwise. The instruction set stays the host's, so what such a
+# test compiles still runs.
 XEON_CPU_NAME = "sapphirerapids"
-XEON_CACHE_SIZES = "L1=48K,L2=2M,L3=105M"
+XEON_CACHE_SIZES = "L1=48K,L2=2M,L3=105M,L3share=12M,L2ways=16"
 
 
 def _forget_the_machine() -> None:

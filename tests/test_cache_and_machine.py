@@ -152,18 +152,33 @@ def test_bench_kernels_json(capsys):
         assert row["load_ms"] is None or row["load_ms"] >= 0
 
 
-def test_the_l3_share_counts_the_cpus_that_share_it():
+def test_the_l3_share_counts_the_cpus_that_share_it(monkeypatch):
     """A VM's vCPUs see the socket's whole L3 but share it with other tenants: a process
-    counts at most L3_SHARE_PER_CPU per CPU listed as sharing it."""
-    from teir.codegen.target import L3_SHARE_PER_CPU, cache_sizes, cpu_list_count, l3_share
+    counts at most L3_SHARE_PER_CPU per CPU listed as sharing it (unless TEIR_CACHE_SIZES
+    names its share)."""
+    from teir.codegen.target import (
+        CACHE_SIZES_VARIABLE,
+        L3_SHARE_PER_CPU,
+        cache_sizes,
+        cpu_list_count,
+        l3_share,
+    )
 
     assert cpu_list_count("0-1\n") == 2
     assert cpu_list_count("0-3,8,10-11") == 7
     assert cpu_list_count("5") == 1
-    assert 0 < l3_share() <= cache_sizes()["L3"]
-    listed = Path("/sys/devices/system/cpu/cpu0/cache/index3/shared_cpu_list")
-    if listed.exists():
-        assert l3_share() <= cpu_list_count(listed.read_text()) * L3_SHARE_PER_CPU
+    monkeypatch.delenv(CACHE_SIZES_VARIABLE, raising=False)
+    for cached in (cache_sizes, l3_share):
+        cached.cache_clear()
+    try:
+        assert 0 < l3_share() <= cache_sizes()["L3"]
+        listed = Path("/sys/devices/system/cpu/cpu0/cache/index3/shared_cpu_list")
+        if listed.exists():
+            assert l3_share() <= cpu_list_count(listed.read_text()) * L3_SHARE_PER_CPU
+    finally:
+        monkeypatch.undo()
+        for cached in (cache_sizes, l3_share):
+            cached.cache_clear()
 
 
 def test_copies_beyond_a_cores_l2_are_planned_in_memory(two_pipe_xeon, monkeypatch):
@@ -217,23 +232,33 @@ def test_the_machine_can_be_named_in_the_environment(two_pipe_xeon):
     system reports (the instruction set stays the host's, so the code still runs), and a
     malformed size says what to write instead."""
     import teir
-    from teir.codegen.target import CACHE_SIZES_VARIABLE, Target, cache_sizes
+    from teir.codegen.target import (
+        CACHE_SIZES_VARIABLE,
+        Target,
+        cache_sizes,
+        l2_ways,
+        l3_share,
+    )
     from teir.kernels.cache import cache_key
 
     host = Target.host()
     assert host.cpu == "sapphirerapids" and not host.half_width_is_free
     pinned_key = cache_key("kernel", host)
-    assert cache_sizes()["L1"] == 48 * 1024 and cache_sizes()["L2"] == 2 << 20
+    assert cache_sizes() == {"L1": 48 * 1024, "L2": 2 << 20, "L3": 105 << 20}
+    # the L3 share and the L2's ways are the pinned machine's too, whatever this one's are
+    assert l3_share() == 12 << 20 and l2_ways() == 16
     a = np.arange(12.0).reshape(3, 4)
     np.testing.assert_array_equal(teir.einsum("ij,jk->ik", a, a.T), a @ a.T)
-    for text in ("L4=1M", "L2=two", "L2", "L1=0"):
+    for text in ("L4=1M", "L2=two", "L2", "L1=0", "L2ways=0", "L3share=-1M"):
         os.environ[CACHE_SIZES_VARIABLE] = text
         cache_sizes.cache_clear()
         with pytest.raises(teir.TeirError, match="LEVEL=SIZE"):
             cache_sizes()
-    os.environ[CACHE_SIZES_VARIABLE] = " l2 = 512K ,"
-    cache_sizes.cache_clear()
-    assert cache_sizes()["L2"] == 512 * 1024
+    os.environ[CACHE_SIZES_VARIABLE] = " l2 = 512K ,L3=32M, l3share=200M"
+    for cached in (cache_sizes, l3_share):
+        cached.cache_clear()
+    assert cache_sizes()["L2"] == 512 * 1024 and "L3share" not in cache_sizes()
+    assert l3_share() == 32 << 20  # never more than the L3 itself
     # code planned for other cache sizes is compiled afresh, not taken from the cache
     assert cache_key("kernel", host) != pinned_key
 

@@ -646,21 +646,23 @@ def test_kernels_summing_short_runs_of_k_go_through_copies(dtype, monkeypatch):
     # stores C after every 9 steps. A copy lines both up into one K of 1179 (FP32
     # 62x54x63x131x9: 8.0 -> 3.1 ms). The batch chunk follows L2: with 512 KiB per core the
     # whole batch does not fit (with 1 MiB it does for FP32, and the kernel sums all of K at
-    # once).
+    # once). Planned for 2 threads: with 16, the copies' 6 parallel iterations would idle
+    # most cores, and the kernel that fits as they lie runs in 36.
     import teir.codegen.brgemm as brgemm
 
     monkeypatch.setattr(brgemm, "cache_sizes", lambda: {"L1": 32768, "L2": 1 << 19, "L3": 1 << 25})
     einsum_module.clear_plans()
     sizes = {"a": 62, "b": 27, "c": 14, "d": 131, "e": 9}
     a, b = operands([[sizes[x] for x in "eda"], [sizes[x] for x in "cbde"]], dtype)
-    text = teir.einsum_plan("eda,cbde->acb", a, b).explain()
+    text = teir.einsum_plan("eda,cbde->acb", a, b, threads=2).explain()
     assert "sums 9 steps of K between loads and stores of C" in text
     assert "K 9 " not in text.split("the contraction of the copies")[1]
     expected = np.einsum("eda,cbde->acb", a.astype(np.float64), b.astype(np.float64))
     bound = 1e-4 if dtype == np.float32 else 1e-11
-    np.testing.assert_allclose(teir.einsum("eda,cbde->acb", a, b), expected, rtol=bound, atol=bound)
+    result = teir.einsum("eda,cbde->acb", a, b, threads=2)
+    np.testing.assert_allclose(result, expected, rtol=bound, atol=bound)
     out = np.ones(expected.shape, dtype)
-    teir.einsum("eda,cbde->acb", a, b, out=out, accumulate=True)
+    teir.einsum("eda,cbde->acb", a, b, out=out, accumulate=True, threads=2)
     np.testing.assert_allclose(out, expected + 1, rtol=bound, atol=bound)
     einsum_module.clear_plans()  # planned for the smaller L2
 

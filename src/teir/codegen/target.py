@@ -120,7 +120,8 @@ def cache_sizes() -> dict[str, int]:
 
     ``TEIR_CACHE_SIZES`` (``L1=48K,L2=2M,L3=105M``: any of the three, bytes or K/M/G) stands
     in for what the system reports, for a machine that reports none or a wrong one (some
-    VMs), and to plan as another machine would. Read once per process.
+    VMs), and to plan as another machine would; it may also name ``L3share`` (see
+    :func:`l3_share`) and ``L2ways`` (see :func:`l2_ways`). Read once per process.
     """
     sizes: dict[str, int] = {}
     root = Path("/sys/devices/system/cpu/cpu0/cache")
@@ -133,11 +134,20 @@ def cache_sizes() -> dict[str, int]:
             sizes[f"L{number}"] = _parse_size((index / "size").read_text())
     except (OSError, ValueError):
         pass
-    sizes.update(_configured_cache_sizes(os.environ.get(CACHE_SIZES_VARIABLE, "")))
+    sizes.update((name, size) for name, size in _configured().items() if name in ("L1", "L2", "L3"))
     # Typical sizes where the system does not say.
     for name, default in (("L1", 32 * 1024), ("L2", 1024 * 1024), ("L3", 8 * 1024 * 1024)):
         sizes.setdefault(name, default)
     return sizes
+
+
+# What TEIR_CACHE_SIZES may name, in its spelling.
+CONFIGURABLE = {"L1": "L1", "L2": "L2", "L3": "L3", "L3SHARE": "L3share", "L2WAYS": "L2ways"}
+
+
+def _configured() -> dict[str, int]:
+    """What ``TEIR_CACHE_SIZES`` sets, keyed by :data:`CONFIGURABLE`'s spellings."""
+    return _configured_cache_sizes(os.environ.get(CACHE_SIZES_VARIABLE, ""))
 
 
 def _configured_cache_sizes(text: str) -> dict[str, int]:
@@ -151,13 +161,15 @@ def _configured_cache_sizes(text: str) -> dict[str, int]:
             size = _parse_size(value) if equals else 0
         except ValueError:
             size = 0
-        if name not in ("L1", "L2", "L3") or size <= 0:
+        if name not in CONFIGURABLE or size <= 0:
             raise TeirError(
                 f"{CACHE_SIZES_VARIABLE}={text!r}: cannot read {part.strip()!r}; write each "
-                "cache as LEVEL=SIZE with LEVEL one of L1, L2, L3 and SIZE a positive number "
-                f"of bytes, optionally with K, M or G, e.g. {CACHE_SIZES_VARIABLE}=L1=48K,L2=2M"
+                "cache as LEVEL=SIZE with LEVEL one of L1, L2, L3 (or L3share, the part of L3 "
+                "this process can count on, or L2ways, the L2's associativity) and SIZE a "
+                "positive number, optionally with K, M or G, e.g. "
+                f"{CACHE_SIZES_VARIABLE}=L1=48K,L2=2M"
             )
-        sizes[name] = size
+        sizes[CONFIGURABLE[name]] = size
     return sizes
 
 
@@ -170,8 +182,11 @@ L3_SHARE_PER_CPU = 6 * 1024 * 1024
 @cache
 def l3_share() -> int:
     """The part of the last-level cache this process can count on: its size, at most
-    ``L3_SHARE_PER_CPU`` per CPU that shares it here."""
+    ``L3_SHARE_PER_CPU`` per CPU that shares it here, or ``L3share`` of ``TEIR_CACHE_SIZES``
+    (for a machine whose other tenants take more, or to plan as another machine would)."""
     l3 = cache_sizes()["L3"]
+    if "L3share" in _configured():
+        return min(l3, _configured()["L3share"])
     try:
         listed = Path("/sys/devices/system/cpu/cpu0/cache/index3/shared_cpu_list").read_text()
         cpus = cpu_list_count(listed)
@@ -199,7 +214,10 @@ def l2_sets() -> int:
 
 @cache
 def l2_ways() -> int:
-    """Ways of the per-core L2 (8 where the system does not say: Zen 4's, the fewest)."""
+    """Ways of the per-core L2 (8 where the system does not say: Zen 4's, the fewest), or
+    ``L2ways`` of ``TEIR_CACHE_SIZES``."""
+    if "L2ways" in _configured():
+        return _configured()["L2ways"]
     for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
         try:
             if int((index / "level").read_text()) == 2:
