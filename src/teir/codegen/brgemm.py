@@ -361,6 +361,10 @@ def choose_blocking(spec: BrgemmSpec, target: Target, pack_transposed: bool = Tr
     # for up to K_PIECE columns: each piece loads and stores every vector of C again, which
     # a wider C pays for more than the runs save (N 12-13, `cda,bcd->ba` 213 x N x 37·40
     # FP64, 2 threads: 27-41 GFLOP/s in pieces, 38-78 without; N 2 and 4 gain 11-23 %).
+    # In the mirror form C's vectors run along N: whole vectors only where ldc is 1 (a row
+    # of C), otherwise C is gathered and scattered again every piece (one thread, FP64
+    # deac,cb->baed, 2 x 124 x 64 tiles of ldc 384: 2.1 -> 0.55 ms without pieces; FP32
+    # deac,cdb->bdae, 5 x 48 x 200: 0.83-1.04 -> 0.33-0.38 ms).
     k_piece = 0
     if (
         form == "outer"
@@ -372,6 +376,7 @@ def choose_blocking(spec: BrgemmSpec, target: Target, pack_transposed: bool = Tr
         and spec.trans_a
         and spec.trans_b
         and spec.m <= min(m_step, K_PIECE)
+        and spec.ldc == 1
         and spec.ldb > n_step
     ):
         chunk = 1
