@@ -19,21 +19,31 @@ def _operands(sizes: dict[str, int], dtype, seed: int = 5) -> tuple[np.ndarray, 
     return big, small
 
 
+def _copied_and_replayed(subscripts, operands, canonical, tolerance, calls):
+    """Plan ``subscripts`` on 2 threads, check that it copies ``canonical`` into a kernel
+    that fills the lanes, and that ``calls`` calls (the first records the steps, the others
+    replay them) equal NumPy's result, which is returned."""
+    plan = teir.einsum_plan(subscripts, *operands, threads=2)
+    assert plan.canonical == canonical
+    assert einsum_plan.vector_fill(plan.product) >= einsum_plan.POOR_FILL
+    expected = np.einsum(subscripts, *(x.astype(np.float64) for x in operands))
+    for _ in range(calls):
+        result = teir.einsum(subscripts, *operands, threads=2)
+        np.testing.assert_allclose(result, expected, rtol=tolerance, atol=tolerance)
+    return plan, expected
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_the_small_input_alone_is_copied(dtype):
     """``edgbf,feb->gd``: the kernel as the operands lie fills one lane of 16 (FP32) along g;
     the small input copied with e, b, f in the large one's order gives dot products along
     the large input's contiguous b, f."""
     big, small = _operands(SIZES, dtype)
-    plan = teir.einsum_plan("edgbf,feb->gd", big, small, threads=2)
-    assert plan.canonical == (None, "ebf", None)
-    assert "in1 is copied into the order ebf" in plan.explain()
-    assert einsum_plan.vector_fill(plan.product) >= einsum_plan.POOR_FILL
-    expected = np.einsum("edgbf,feb->gd", big.astype(np.float64), small.astype(np.float64))
     tolerance = 1e-3 if dtype == np.float32 else 1e-10
-    for _ in range(3):  # the first call records the steps, the others replay them
-        result = teir.einsum("edgbf,feb->gd", big, small, threads=2)
-        np.testing.assert_allclose(result, expected, rtol=tolerance, atol=tolerance)
+    plan, expected = _copied_and_replayed(
+        "edgbf,feb->gd", [big, small], (None, "ebf", None), tolerance, calls=3
+    )
+    assert "in1 is copied into the order ebf" in plan.explain()
     out = np.full((4, 12), -1e3, dtype)
     start = out.copy()
     for _ in range(2):
@@ -92,11 +102,5 @@ def test_the_small_input_takes_the_large_ones_order_as_it_lies(dtype):
     rng = np.random.default_rng(9)
     small = rng.standard_normal((64, 448)).astype(dtype)
     big = rng.standard_normal((96, 448, 64)).astype(dtype)
-    plan = teir.einsum_plan("bc,acb->a", small, big, threads=2)
-    assert plan.canonical == ("cb", None, None)
-    assert einsum_plan.vector_fill(plan.product) >= einsum_plan.POOR_FILL
-    expected = np.einsum("bc,acb->a", small.astype(np.float64), big.astype(np.float64))
     tolerance = 1e-2 if dtype == np.float32 else 1e-9
-    for _ in range(2):  # the first call records the steps, the second replays them
-        result = teir.einsum("bc,acb->a", small, big, threads=2)
-        np.testing.assert_allclose(result, expected, rtol=tolerance, atol=tolerance)
+    _copied_and_replayed("bc,acb->a", [small, big], ("cb", None, None), tolerance, calls=2)

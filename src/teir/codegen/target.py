@@ -185,8 +185,9 @@ def l3_share() -> int:
     ``L3_SHARE_PER_CPU`` per CPU that shares it here, or ``L3share`` of ``TEIR_CACHE_SIZES``
     (for a machine whose other tenants take more, or to plan as another machine would)."""
     l3 = cache_sizes()["L3"]
-    if "L3share" in _configured():
-        return min(l3, _configured()["L3share"])
+    configured = _configured().get("L3share")
+    if configured is not None:
+        return min(l3, configured)
     try:
         listed = Path("/sys/devices/system/cpu/cpu0/cache/index3/shared_cpu_list").read_text()
         cpus = cpu_list_count(listed)
@@ -216,8 +217,9 @@ def l2_sets() -> int:
 def l2_ways() -> int:
     """Ways of the per-core L2 (8 where the system does not say: Zen 4's, the fewest), or
     ``L2ways`` of ``TEIR_CACHE_SIZES``."""
-    if "L2ways" in _configured():
-        return _configured()["L2ways"]
+    configured = _configured().get("L2ways")
+    if configured is not None:
+        return configured
     for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
         try:
             if int((index / "level").read_text()) == 2:
