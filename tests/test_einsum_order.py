@@ -123,6 +123,22 @@ def test_k_spares_copies_where_the_listed_result_fits_no_kernel():
     assert not result.flags.c_contiguous
 
 
+def test_k_lays_out_a_result_no_order_fits_for_the_fewest_copies():
+    # no result order fits a kernel as the operands lie (in1's unit stride is on the batch
+    # d): the listed one copies the large in0 (its M labels b, a in the result's order), the
+    # order edbac only the small in1, which the result layout is priced by
+    subscripts = "dfbac,efd->edabc"
+    sizes = {"a": 7, "b": 128, "c": 8, "d": 50, "e": 4, "f": 4}
+    a, b = _operands(subscripts, sizes)
+    listed = teir.einsum_plan(subscripts, a, b, order="C")
+    assert listed.canonical is not None and listed.canonical[0] is not None
+    chosen = teir.einsum_plan(subscripts, a, b)
+    assert chosen.memory_order is not None
+    assert chosen.canonical is not None and chosen.canonical[0] is None
+    result = teir.einsum(subscripts, a, b)
+    np.testing.assert_allclose(result, np.einsum(subscripts, a, b), rtol=1e-5, atol=1e-5)
+
+
 def test_a_bad_order_is_refused():
     a = np.ones((3, 4))
     with pytest.raises(teir.EinsumError, match="order must be 'C', 'F', 'A' or 'K'"):
@@ -150,8 +166,10 @@ def test_another_layout_only_where_it_costs_clearly_less():
     sizes = {"i": 64, "j": 64, "k": 64}
     listed = {"i": 64, "j": 1}
 
-    def price(cost_of_other, listed_cost=10.0 * LAYOUT_MIN_SAVING):
-        return lambda strides: listed_cost if strides == listed else cost_of_other * listed_cost
+    def price(cost_of_other, listed_cost=10.0 * LAYOUT_MIN_SAVING, listed_fits=True):
+        return lambda strides: (
+            (listed_cost, listed_fits) if strides == listed else (cost_of_other * listed_cost, True)
+        )
 
     operands, output = [first, second], list("ij")
     assert result_order("K", operands, output, sizes, price(LAYOUT_GAIN * 1.01)) is None
@@ -160,6 +178,11 @@ def test_another_layout_only_where_it_costs_clearly_less():
     assert result_order("F", operands, output, sizes, price(2.0)) == (1, 0)
     # a tenth of the cost, but a saving too small to pay for the view on every call
     assert result_order("K", operands, output, sizes, price(0.1, LAYOUT_MIN_SAVING)) is None
+    # a listed order that no kernel fits as it lies (priced with its copies) yields to any
+    # cheaper one, however small the gain; not to a dearer one
+    unfit = 10.0 * LAYOUT_MIN_SAVING
+    assert result_order("K", operands, output, sizes, price(0.8, listed_fits=False)) == (1, 0)
+    assert result_order("K", operands, output, sizes, price(1.01, unfit, False)) is None
 
 
 @st.composite
@@ -234,3 +257,27 @@ def test_k_does_not_stream_short_runs_small_inputs_or_equal_partners():
     assert result_layout.STREAMING_MIN_BYTES > 64 * 1024
     small = rng.standard_normal((8, 16, 64)).astype(np.float32)
     assert teir.einsum_plan("heb,h->be", small, x[:8], threads=2).memory_order is None
+
+
+@pytest.mark.parametrize("memory", ["edabc", "edbac", "ebacd", "cabde", "dceab"])
+def test_copies_order_the_result_labels_as_out_lies(memory):
+    # copies made for a kernel list the result labels of each role (batch d, rows a b c,
+    # columns e) as the result lies in memory, so that they fuse with its own axes (as
+    # listed, a copy of in0 in "dfabc" beside an out laid out edbac leaves the kernel 8 rows
+    # of M where it could have 7168)
+    subscripts = "dfbac,efd->edabc"
+    sizes = {"a": 7, "b": 12, "c": 8, "d": 5, "e": 4, "f": 4}
+    a, b = _operands(subscripts, sizes)
+    output = subscripts.split("->")[1]
+    perm = [output.index(label) for label in memory]
+    out = np.zeros([sizes[x] for x in memory], np.float32).transpose(np.argsort(perm))
+    plan = teir.einsum_plan(subscripts, a, b, out=out)
+    assert "".join(plan.out_memory) == memory
+    assert plan.canonical is not None
+    for order in plan.canonical:
+        for role in ("d", "abc", "e"):
+            if order is not None:
+                in_memory = [x for x in memory if x in role and x in order]
+                assert [x for x in order if x in role] == in_memory
+    teir.einsum(subscripts, a, b, out=out)
+    np.testing.assert_allclose(out, np.einsum(subscripts, a, b), rtol=1e-5, atol=1e-5)

@@ -26,6 +26,8 @@ from math import prod
 
 import numpy as np
 
+from teir.buffers import new_strides
+from teir.frontend.copy_choice import KernelShape, as_good, kernel_shape
 from teir.frontend.einsum_parse import LETTERS
 from teir.frontend.einsum_plan import (
     Operand,
@@ -35,9 +37,7 @@ from teir.frontend.einsum_plan import (
     placeholder,
     relaid,
     runs_kernels,
-    vector_fill,
 )
-from teir.ir import DimType
 from teir.runtime.scratch import SCRATCH_LIMIT_BYTES, scratch
 
 # Label orders (in0, in1, result) of the copies; None: that tensor is used as it lies.
@@ -46,18 +46,6 @@ Orders = tuple[str | None, str | None, str | None]
 # that never falls back itself, or the same call run.
 PlanStep = Callable[[str, list[np.ndarray], np.ndarray, bool], Plan]
 RunStep = Callable[[str, list[np.ndarray], np.ndarray, bool], None]
-
-# Kernel tiles of this many elements (M x N x K) are large enough, whatever copying all
-# three tensors would give: aecb,eda->acbd FP64 with in1 copied has tiles of 184 x 129 x 44
-# where copying all gives 920 x 129 x 44, and runs in 11 ms to their 24.
-LARGE_KERNEL_VOLUME = 64**3
-# So are tiles of at least LARGE_TILE x LARGE_TILE elements of C summed over at least
-# LARGE_TILE steps of K (the course's 32³ GEMMs run at 93-97 % of peak): abe,dec->dacb with
-# both inputs F-ordered (45x50x31x51x46), both copied, has tiles of 50 x 31 x 46 and writes
-# the result in place: FP32 3.0 -> 2.4 ms, FP64 5.6-7.1 -> 4.4-4.7 ms against copying the
-# 14 MB result. A long K does not make up for a small C (gafcb,agfed->beadc FP64 with 12 x 6
-# x 608 tiles, of 43 K elements: 2.1 -> 2.6-3.4 ms).
-LARGE_TILE = 32
 
 
 def _own_labels(plan: Plan, inputs: list[Operand]) -> list[str]:
@@ -86,21 +74,9 @@ def operand_view(prepared: Operand, sizes: dict[str, int]) -> np.ndarray:
     return np.broadcast_to(view, [sizes[x] for x in prepared.labels])
 
 
-def large_tile(plan: Plan) -> bool:
-    """Whether the plan's kernel tiles reach LARGE_TILE in C's elements (squared) and in K."""
-    assert plan.config is not None
-    schedule = plan.config.schedule
-    sizes = [(schedule.dim_sizes[a], schedule.dim_types[a]) for a in schedule.prim_axes]
-    c_tile = prod(size for size, dim_type in sizes if dim_type is not DimType.K)
-    depth = prod(size for size, dim_type in sizes if dim_type is DimType.K)
-    return c_tile >= LARGE_TILE**2 and depth >= LARGE_TILE
-
-
-def kernel_volume(plan: Plan) -> int:
-    """Elements one kernel call spans (the product of the prim axes' sizes)."""
-    assert plan.config is not None
-    schedule = plan.config.schedule
-    return prod(schedule.dim_sizes[a] for a in schedule.prim_axes)
+def _shape(plan: Plan) -> KernelShape:
+    assert plan.config is not None and plan.operation is not None
+    return kernel_shape(plan.config, plan.operation.nest.main)
 
 
 def fits(plan: Plan) -> bool:
@@ -177,7 +153,8 @@ def _uncopied_target(plan: Plan, out: np.ndarray | None) -> np.ndarray | None:
     """Where a result that is not copied is written: ``out``, or a stand-in for a new
     result; None where it cannot be (an out with negative strides)."""
     if out is None:
-        stand_in: np.ndarray = placeholder(plan.out_shape, None, plan.dtype)
+        strides = new_strides(plan.out_shape, 1, plan.memory_order)
+        stand_in: np.ndarray = placeholder(plan.out_shape, strides, plan.dtype)
         return stand_in
     return out if all(s >= 0 for s in out.strides) else None
 
@@ -257,7 +234,7 @@ def choose(
     # (dfga,hagc->fdcah 15.4 -> 3.9 ms), three slower (0.70x, 0.88x, 0.99x).
     # cabe,abde->cdba (16x3x40x600, 8, FP64), the case the limit was set for, now runs in
     # 1.07 ms copying in0 and 0.33 ms reading it in place.
-    mirrored = canonical_orders(inputs, plan.subscripts.output, mirrored=True)
+    mirrored = canonical_orders(inputs, plan.out_memory, mirrored=True)
     tried: set[Orders] = set()
     for subset in sorted(subsets, key=lambda s: sum(bytes_of[i] for i in s)):
         for chosen in (full, mirrored):
@@ -280,9 +257,7 @@ def choose(
                     continue
             elif product is None or not fits(product):
                 continue
-            volume = min(kernel_volume(everything), LARGE_KERNEL_VOLUME)
-            big = 2 * kernel_volume(product) >= volume or large_tile(product)
-            if big and 2 * vector_fill(product) >= vector_fill(everything):
+            if as_good(_shape(product), _shape(everything)):
                 return orders, product
     return full, everything
 

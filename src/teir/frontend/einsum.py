@@ -317,7 +317,7 @@ def _partner_copy(
     form along a K of 3 after the copy, FP32 edb,gehabd->ahgb: 1.4x slower)."""
     assert plan.canonical is not None
     small = 0 if inputs[0].array.size <= inputs[1].array.size else 1
-    mirrored = canonical_orders(inputs, plan.subscripts.output, mirrored=True)
+    mirrored = canonical_orders(inputs, plan.out_memory, mirrored=True)
     # the large input's order as it lies: the labels it shares with the small one then run
     # alike in both (FP32 bc,acb->a, the large one's K (c, b) 28672 steps along its rows)
     large = inputs[1 - small]

@@ -27,9 +27,10 @@ from teir.codegen.brgemm import Blocking, choose_blocking
 from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target
 from teir.codegen.transpose import LINE_BYTES
+from teir.frontend.copy_choice import kernel_fill
 from teir.frontend.einsum_parse import EinsumError, Subscripts, numpy_subscripts
 from teir.frontend.lane_plan import lane_spec
-from teir.frontend.plan_cost import contraction_cost
+from teir.frontend.plan_cost import einsum_cost
 from teir.frontend.result_layout import order_strides, result_order
 from teir.frontend.split_reduction import SplitReduction
 from teir.ir import Config, DataType, DimType
@@ -191,6 +192,9 @@ class Plan:
     # With ``canonical``: considered only because the kernel's tiles are small
     # (``small_tile``); kept only where the copies give tiles TILE_GAIN times larger.
     for_small_tiles: bool = False
+    # The output's labels as its memory lies (``out``'s or a new result's), outermost first:
+    # copies of inputs for a kernel order their result labels so (``canonical_orders``).
+    out_memory: tuple[str, ...] = ()
 
     def run(self, in0: int, in1: int, out: int) -> None:
         """Run every region on raw addresses (``in1`` 0 for a unary plan)."""
@@ -422,12 +426,13 @@ def make_plan(
             inputs[index] = sum_out(op, lonely)
     if out is None:
 
-        def price(strides: dict[str, int]) -> float:
+        def price(strides: dict[str, int]) -> tuple[float, bool]:
             fields = build_config(dtype, inputs, output, strides, sizes, accumulate, relu)
-            return contraction_cost(fields, threads or default_threads())
+            return einsum_cost(fields, threads or default_threads())
 
         plan.memory_order = result_order(order, inputs, output, sizes, price)
     out_strides = result_strides(out, output, out_shape, plan.memory_order)
+    plan.out_memory = labels_in_memory(output, out_strides, sizes)
     fields = build_config(dtype, inputs, output, out_strides, sizes, accumulate, relu)
     for index, (region_fields, offsets) in enumerate(regions(fields, len(inputs) == 2)):
         config, log = optimize_with_log(region_fields, threads, resident_output=resident_output)
@@ -474,7 +479,7 @@ def make_plan(
     )
     tiny = own_call and intense and small_tile(plan)
     if other_reasons or tiny:
-        orders = canonical_orders(inputs, output)
+        orders = canonical_orders(inputs, plan.out_memory)
         # the result counts too: a batch label with the result's unit stride fits no kernel
         # (adb,acd->bca FP64 ran on the generic primitive at 0.13x NumPy)
         already = (
@@ -488,10 +493,11 @@ def make_plan(
         if not already:  # copies into these orders fit a kernel (and are not made twice)
             plan.canonical = orders
             plan.for_small_tiles = not other_reasons
-            if plan.memory_order is not None and order == "K":
+            if plan.memory_order is not None and order == "K" and main.kind != "generic":
                 # a layout chosen for the kernel that runs on the result as it lies, not for
                 # copies: the listed one decides (heb,dhf->dfbe FP32, 7 x 50 x 31 x 31 x 24:
-                # 0.18 ms as listed, 2.1 ms through copies into the chosen one)
+                # 0.18 ms as listed, 2.1 ms through copies into the chosen one). One that no
+                # kernel fits as it lies was priced with its copies (``einsum_cost``).
                 return make_plan(
                     subscripts,
                     arrays,
@@ -615,15 +621,7 @@ def runs_kernels(plan: Plan) -> bool:
 def vector_fill(plan: Plan) -> float:
     """The fraction of vector lanes the plan's kernel fills along the dimension it vectorizes
     (1 for kernels other than BRGEMM)."""
-    main = _main(plan)
-    if main is None or not isinstance(main.spec, BrgemmSpec):
-        return 1.0
-    spec = main.spec
-    if spec.m == spec.n == spec.k == spec.batch == 1:
-        return 1.0  # the one-element kernel: LLVM vectorizes the loops around it
-    blocking = choose_blocking(spec, Target.host())
-    along = {"dot": spec.k, "mirror": spec.n}.get(blocking.form, spec.m)
-    return along / (-(-along // blocking.lanes) * blocking.lanes)
+    return kernel_fill(_main(plan))
 
 
 def kernel_tile(plan: Plan) -> int:
@@ -856,11 +854,14 @@ def regions(
 
 
 def canonical_orders(
-    inputs: list[Operand], output: tuple[str, ...], mirrored: bool = False
+    inputs: list[Operand], output: Sequence[str], mirrored: bool = False
 ) -> tuple[str, str, str]:
     """Label orders that give the GEMM kernel unit strides: in0 (C, K, M), in1 (C, N, K),
     out (C, N, M), innermost last; ``mirrored``: those of the transposed product
-    (out^T = in1^T in0^T), in0 (C, M, K), in1 (C, K, N), out (C, M, N)."""
+    (out^T = in1^T in0^T), in0 (C, M, K), in1 (C, K, N), out (C, M, N). C, M and N follow
+    ``output``: pass the result's labels as its memory lies (``Plan.out_memory``), so that
+    copies of inputs share its order and their labels fuse with its own (FP32
+    dfbac,efd->edabc laid out edbac, in0 7 MB: copying in0 for the listed order, 10.5 ms)."""
     in0, in1 = inputs[0].labels, inputs[1].labels
     c = [x for x in output if x in in0 and x in in1]
     m = [x for x in output if x in in0 and x not in in1]
@@ -869,6 +870,16 @@ def canonical_orders(
     if mirrored:
         return "".join(c + m + k), "".join(c + k + n), "".join(c + m + n)
     return "".join(c + k + m), "".join(c + n + k), "".join(c + n + m)
+
+
+def labels_in_memory(
+    labels: Sequence[str], strides: dict[str, int], sizes: dict[str, int]
+) -> tuple[str, ...]:
+    """``labels`` as a tensor of these element strides lies in memory, outermost first
+    (size-1 labels, which have no place, where they are listed)."""
+    moving = sorted((x for x in labels if sizes[x] > 1), key=lambda x: -abs(strides[x]))
+    order = iter(moving)
+    return tuple(x if sizes[x] == 1 else next(order) for x in labels)
 
 
 def result_strides(
@@ -886,4 +897,4 @@ def result_strides(
     return order_strides(memory_order, output, dict(zip(output, shape)))
 
 
-__all__ = ["Operand", "Plan", "Region", "make_plan"]
+__all__ = ["Operand", "Plan", "Region", "labels_in_memory", "make_plan"]

@@ -11,12 +11,14 @@ contraction (:mod:`teir.frontend.lane_plan`), not on the scalar fallback.
 
 from __future__ import annotations
 
+from itertools import combinations
 from math import prod
-from typing import Any
+from typing import Any, NamedTuple
 
 from teir.codegen.brgemm import lane_fill, mirrors_plain_a
 from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target
+from teir.frontend.copy_choice import KernelShape, as_good, kernel_shape
 from teir.frontend.lane_plan import lane_spec
 from teir.lower.nest import lower
 from teir.optimizer import optimize_with_log
@@ -66,30 +68,112 @@ def _elements(fields: dict[str, Any], strides: str) -> int:
 def contraction_cost(fields: dict[str, Any], threads: int) -> float:
     """Estimated cost of the binary contraction ``fields`` (an unscheduled configuration:
     one axis per label), as teir.optimize would schedule it."""
+    return _priced(fields, threads).cost
+
+
+def einsum_cost(fields: dict[str, Any], threads: int) -> tuple[float, bool]:
+    """(estimated cost, whether a kernel runs it on the tensors as they lie) of the binary
+    contraction ``fields`` as ``teir.einsum`` runs it: where no kernel fits the operands as
+    they lie, on the copies its copying fallback would make (``copied_cost``) if that is
+    cheaper than the generic primitive."""
+    estimate = _priced(fields, threads)
+    if estimate.fits:
+        return estimate.cost, True
+    copied = copied_cost(fields, threads)
+    return min(estimate.cost, estimate.cost if copied is None else copied), False
+
+
+def copied_cost(fields: dict[str, Any], threads: int) -> float | None:
+    """Cost of the contraction ``fields`` on the copies einsum's copying fallback chooses
+    (:func:`teir.frontend.copy_fallback.choose`, by the same rule): the fewest bytes copied
+    among one or two of its tensors, in the plain kernel's label orders or the transposed
+    product's, whose kernel does as well as the one after copying all three; the copies'
+    bytes included. None where no kernel fits even then."""
+    sizes = fields["dim_sizes"]
+    axes = range(len(sizes))
+    by_out = sorted(axes, key=lambda a: -abs(fields["strides_out"][a]))
+    by_in0 = sorted(axes, key=lambda a: -abs(fields["strides_in0"][a]))
+
+    def typed(kind: str) -> list[int]:
+        order = by_in0 if kind == "K" else by_out
+        return [a for a in order if fields["dim_types"][a] == kind]
+
+    c, m, n, k = (typed(kind) for kind in "CMNK")
+    plain = (c + k + m, c + n + k, c + n + m)
+    mirrored = (c + m + k, c + k + n, c + m + n)
+    names = ("strides_in0", "strides_in1", "strides_out")
+    itemsize = 4 if fields["data_type"] == "FP32" else 8
+    elements = [_elements(fields, name) for name in names]
+
+    def on_copies(orders: tuple[list[int], ...], copied: tuple[int, ...]) -> _Estimate:
+        relaid = dict(fields)
+        for index in copied:
+            strides, step = [0] * len(sizes), 1
+            for axis in reversed(orders[index]):
+                strides[axis] = step if sizes[axis] > 1 else 0
+                step *= sizes[axis]
+            relaid[names[index]] = strides
+        return _priced(relaid, threads)
+
+    def with_copies(estimate: _Estimate, copied: tuple[int, ...]) -> float:
+        moved = sum(elements[index] for index in copied)
+        return estimate.cost + 2.0 * moved * itemsize * COPY_FLOPS_PER_BYTE
+
+    everything = on_copies(plain, (0, 1, 2))
+    if everything.shape is None:
+        return None
+    subsets = sorted(
+        [*combinations(range(3), 1), *combinations(range(3), 2)],
+        key=lambda subset: sum(elements[index] for index in subset),
+    )
+    for subset in subsets:
+        for orders in (plain, mirrored):
+            estimate = on_copies(orders, subset)
+            if estimate.shape is not None and as_good(estimate.shape, everything.shape):
+                return with_copies(estimate, subset)
+    return with_copies(everything, (0, 1, 2))
+
+
+class _Estimate(NamedTuple):
+    cost: float
+    fits: bool  # a kernel runs it (not the generic primitive)
+    shape: KernelShape | None  # its BRGEMM kernel's tile (None: no BRGEMM kernel)
+
+
+def _priced(fields: dict[str, Any], threads: int) -> _Estimate:
+    """``contraction_cost``, whether a kernel runs it and the kernel's tile."""
     itemsize = 4 if fields["data_type"] == "FP32" else 8
     flops = 2.0 * float(prod(fields["dim_sizes"]))
     try:
         config, _ = optimize_with_log(fields, threads)
     except Exception:  # a contraction the optimizer cannot schedule runs on the generic one
-        return flops / GENERIC_EFFICIENCY
+        return _Estimate(flops / GENERIC_EFFICIENCY, False, None)
     nest = lower(config)
     main = nest.main
     if main is None or not isinstance(main.spec, BrgemmSpec):
         lanes_spec = lane_spec(fields, threads, Target.host()) if main is not None else None
         if lanes_spec is not None:  # teir.einsum's plan runs it as a lane-batched contraction
             fill = lane_fill(lanes_spec.batch, lanes_spec.lanes)
-            return flops / (LANE_EFFICIENCY * fill)
-        return flops / GENERIC_EFFICIENCY
+            return _Estimate(flops / (LANE_EFFICIENCY * fill), True, None)
+        return _Estimate(flops / GENERIC_EFFICIENCY, False, None)
     spec = main.spec
     if spec.m == spec.n == spec.k == spec.batch == 1:
         # one element in loops, the output's unit-stride C axis innermost, where the nest is
         # vectorized: bound by moving its operands and result once
         moved = sum(_elements(fields, s) for s in ("strides_in0", "strides_in1", "strides_out"))
         transposed = TRANSPOSED_COST if nest.transposed is not None else 1.0
-        return float(moved * itemsize * COPY_FLOPS_PER_BYTE * transposed)
+        cost = float(moved * itemsize * COPY_FLOPS_PER_BYTE * transposed)
+        return _Estimate(cost, True, kernel_shape(config, main))
     lanes = Target.host().lanes(itemsize)
     calls = nest.iterations * max(1, prod(loop.size for loop in main.loops))
-    return flops / kernel_efficiency(spec, lanes) + calls * CALL_FLOPS / max(1, threads)
+    cost = flops / kernel_efficiency(spec, lanes) + calls * CALL_FLOPS / max(1, threads)
+    return _Estimate(cost, True, kernel_shape(config, main))
 
 
-__all__ = ["COPY_FLOPS_PER_BYTE", "contraction_cost", "kernel_efficiency"]
+__all__ = [
+    "COPY_FLOPS_PER_BYTE",
+    "contraction_cost",
+    "copied_cost",
+    "einsum_cost",
+    "kernel_efficiency",
+]
