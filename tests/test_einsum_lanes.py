@@ -14,6 +14,10 @@ import teir
 from teir.codegen.lanes import KC_MAX
 from teir.codegen.target import Target
 from teir.frontend import einsum as einsum_module
+from teir.frontend.einsum_parse import parse
+from teir.frontend.einsum_plan import unscheduled_fields
+from teir.frontend.lane_plan import lane_spec
+from teir.runtime.lane_operation import compile_lanes
 
 
 def _operands(rng, subscripts, sizes, dtype):
@@ -48,9 +52,6 @@ def _tolerance(dtype, k):
         ("pijb,jpkb->kpib", {"p": 3, "i": 7, "j": 6, "k": 5, "b": 16}),
         # two batch labels fused into one lane axis
         ("ijbc,jkbc->ikbc", {"i": 5, "j": 6, "k": 7, "b": 2, "c": 8}),
-        # no K (batched outer products); batched matrix-vector products, with no N or no M,
-        # are summed with the batch innermost instead (test_optimizer)
-        ("ib,kb->ikb", {"i": 9, "k": 14, "b": 32}),
     ],
 )
 def test_lane_batched_einsums_match_numpy(dtype, threads, subscripts, sizes):
@@ -66,6 +67,31 @@ def test_lane_batched_einsums_match_numpy(dtype, threads, subscripts, sizes):
         np.testing.assert_allclose(result, expected, rtol=tolerance, atol=tolerance)
         arrays = [a + 0.5 for a in arrays]
         expected = _expected(subscripts, arrays)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_batched_outer_products_run_the_nest_and_the_lane_kernel_computes_them(dtype, threads):
+    # no K: the one-element nest, its batch loop innermost and vectorized whole, writes each
+    # output line at once (batched matrix-vector products, with no N or no M, are summed
+    # with the batch innermost too: test_optimizer); the lane kernel, still taken where no
+    # kernel fits, computes them as well
+    subscripts, sizes = "ib,kb->ikb", {"i": 9, "k": 14, "b": 32}
+    rng = np.random.default_rng(3)
+    a, b = _operands(rng, subscripts, sizes, dtype)
+    plan = teir.einsum_plan(subscripts, a, b, threads=threads)
+    assert plan.lanes is None and "GEMM on one element" in plan.explain()
+    expected = _expected(subscripts, [a, b])
+    tolerance = _tolerance(dtype, 1)
+    np.testing.assert_allclose(
+        teir.einsum(subscripts, a, b, threads=threads), expected, rtol=tolerance, atol=tolerance
+    )
+    parsed = parse(subscripts, [2, 2])
+    spec = lane_spec(unscheduled_fields(parsed, [a, b]), threads, Target.host())
+    assert spec is not None and spec.k == 1
+    out = np.full([sizes[x] for x in "ikb"], np.nan, dtype)
+    compile_lanes(spec, threads).run_addresses(a.ctypes.data, b.ctypes.data, out.ctypes.data)
+    np.testing.assert_allclose(out, expected, rtol=tolerance, atol=tolerance)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -1097,3 +1097,27 @@ def test_batch_chunks_count_what_the_sweep_reads_again(monkeypatch):
     found = choose_blocking(packed, HOST)
     assert found.pack_a and not found.pack_whole
     assert found.chunk == 2
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_an_element_loop_of_unit_strides_is_kept_whole_for_the_vectorizer(dtype):
+    # the one-element nest's innermost loop steps every tensor by one element: LLVM is told
+    # not to unroll it (unrolled, a short one was vectorized across the loop around it, with
+    # gathers and scatters); an innermost loop with other strides is left to LLVM
+    from teir.codegen.nest import nest_function
+
+    rng = np.random.default_rng(5)
+    for subscripts, unit in (("ib,jb->ijb", True), ("bi,bj->ijb", False)):
+        for batch in (5, 16, 32, 48):
+            shapes = [(7, batch), (9, batch)] if unit else [(batch, 7), (batch, 9)]
+            a, b = (rng.random(shape).astype(dtype) for shape in shapes)
+            out = np.zeros((7, 9, batch), dtype)
+            plan = teir.einsum_plan(subscripts, a, b, out=out, threads=1)
+            assert plan.canonical is None and plan.operation is not None
+            nest = plan.operation.nest
+            assert all(s in (0, 1) for s in nest.loops[-1].strides) is unit
+            module = Module()
+            nest_function(nest, Target.host(), module, "nest")
+            assert ("llvm.loop.unroll.disable" in module.text()) is unit
+            teir.einsum(subscripts, a, b, out=out, threads=1)
+            np.testing.assert_allclose(out, np.einsum(subscripts, a, b), rtol=1e-6)

@@ -106,6 +106,7 @@ class Module:
 
     declarations: dict[str, str] = field(default_factory=dict)
     functions: list[str] = field(default_factory=list)
+    metadata: list[str] = field(default_factory=list)
 
     def declare(self, name: str, text: str) -> str:
         """Declare once: generators may share a module and name the same intrinsic."""
@@ -113,8 +114,18 @@ class Module:
             self.declarations.setdefault(name, text)
         return name
 
+    def loop_properties(self, *properties: str) -> str:
+        """A new ``!llvm.loop`` node (for one loop's back edge) holding ``properties``, each
+        the body of a property node, e.g. ``!"llvm.loop.interleave.count", i32 1``."""
+        first = len(self.metadata)
+        ids = [f"!{first + i}" for i in range(len(properties) + 1)]
+        self.metadata.append(f"{ids[0]} = distinct !{{{', '.join(ids)}}}")
+        self.metadata += [f"{i} = !{{{p}}}" for i, p in zip(ids[1:], properties)]
+        return ids[0]
+
     def text(self) -> str:
-        return "\n".join([*self.declarations.values(), "", *self.functions]) + "\n"
+        parts = [*self.declarations.values(), "", *self.functions, *self.metadata]
+        return "\n".join(parts) + "\n"
 
 
 class FunctionBuilder:
@@ -212,13 +223,15 @@ class FunctionBuilder:
         carried: Sequence[tuple[str, str]],
         body: Callable[[str, list[str]], list[str]],
         hint: str = "l",
+        properties: str | None = None,
     ) -> list[str]:
         """A loop over ``i`` in ``range(count)`` (``count >= 1``: a constant, or an i64 value
         known to be) carrying values.
 
         ``carried`` lists (type, initial value); ``body(i, values)`` emits the body and returns
         the next values. Returns the values after the last iteration. A loop of one iteration
-        is emitted straight-line with ``i = 0``.
+        is emitted straight-line with ``i = 0``. ``properties``: its ``!llvm.loop`` node
+        (:meth:`Module.loop_properties`).
         """
         if isinstance(count, int) and count < 1:
             raise ValueError("loop count must be >= 1")
@@ -236,7 +249,8 @@ class FunctionBuilder:
         latch = self.block
         following = self.assign(f"add nuw nsw i64 {index}, 1", "i")
         again = self.assign(f"icmp ult i64 {following}, {count}", "c")
-        self.emit(f"br i1 {again}, label %{header}, label %{exit_label}")
+        tail = f", !llvm.loop {properties}" if properties is not None else ""
+        self.emit(f"br i1 {again}, label %{header}, label %{exit_label}{tail}")
         phis = [f"  {index} = phi i64 [0, %{before}], [{following}, %{latch}]"]
         phis += [
             f"  {value} = phi {kind} [{initial}, %{before}], [{result}, %{latch}]"

@@ -465,12 +465,16 @@ def make_plan(
     if len(inputs) != 2 or main is None:
         return plan, inputs
     unfit = main.kind == "generic" or poor
-    # a batched outer product with the batch innermost loops around a one-element kernel
-    # (``ib,jb->ijb`` 512^2 x 32 into an out: 5.6 ms, 3.5 ms as a lane-batched contraction)
+    # a batched product summing K in the loops around a one-element kernel, the batch
+    # innermost (``ijb,jkb->ikb``). Not a batched outer product (no K): the nest's innermost
+    # loop, vectorized whole, writes each output line at once where the lane-batched kernel
+    # writes a vector per job (``ib,jb->ijb`` 512^2 x b into an out, one thread, FP32 b 32:
+    # 2.6 ms against 7.7, 2 threads 1.4 against 4.2; FP64 b 32 4.6 against 18.6)
     if unfit or one_element(plan):
         count = threads or default_threads()
         spec = lane_spec(fields, count, Target.host())
-        if spec is not None and (unfit or (spec.m > 1 and spec.n > 1)):
+        summing = spec is not None and spec.m > 1 and spec.n > 1 and spec.k > 1
+        if spec is not None and (unfit or summing):
             plan.lanes = compile_lanes(spec, count)
             plan.regions, plan.operation = [], None
             return plan, inputs
