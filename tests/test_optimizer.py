@@ -222,6 +222,27 @@ def test_matrix_vector_products_stream_the_matrix(subscripts, shapes, threads):
     )
 
 
+@pytest.mark.parametrize("l2_kib", [512, 1024, 2048])
+def test_long_matrix_rows_stream_in_blocks_of_an_eighth_of_l2(l2_kib):
+    """Rows much longer than a page run in blocks of an eighth of L2 (the output's block
+    stays there while the matrix's K steps stream past as long runs), not of a page."""
+    from conftest import pinned_machine
+
+    operands_ = [RNG.uniform(-1, 1, (64,)), RNG.uniform(-1, 1, (64, 65536))]
+    with pinned_machine("znver4", f"L1=32K,L2={l2_kib}K,L3=32M"):
+        plan = teir.einsum_plan("k,kn->n", *operands_, threads=1)
+        main = plan.regions[0].operation.nest.main_zero or plan.regions[0].operation.nest.main
+        assert main is not None
+        rows = main.spec.n if main.spec.m == 1 else main.spec.m
+        assert l2_kib * 1024 // 8 // 8 <= rows <= 2 * l2_kib * 1024 // 8 // 8
+        np.testing.assert_allclose(
+            teir.einsum("k,kn->n", *operands_, threads=1),
+            operands_[0] @ operands_[1],
+            rtol=1e-11,
+            atol=1e-11,
+        )
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(
     ("subscripts", "sizes"),
