@@ -281,3 +281,22 @@ def test_copies_order_the_result_labels_as_out_lies(memory):
                 assert [x for x in order if x in role] == in_memory
     teir.einsum(subscripts, a, b, out=out)
     np.testing.assert_allclose(out, np.einsum(subscripts, a, b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("share", "follows"), [("1M", True), ("64M", False)])
+def test_k_follows_a_large_input_of_short_unit_runs_beyond_half_the_l3_share(share, follows):
+    # an elementwise product whose large input's unit-stride label is short (b 28, under two
+    # FP32 vectors): its new result follows that input's order where the input outgrows
+    # half this process's share of L3 (read in order once instead of in runs of 112 bytes),
+    # not within it
+    from conftest import pinned_machine
+
+    subscripts = "ba,cab->acb"
+    sizes = {"a": 64, "b": 28, "c": 400}  # in1 2.9 MB
+    a, b = _operands(subscripts, sizes)
+    with pinned_machine("znver4", f"L1=32K,L2=1M,L3=64M,L3share={share}"):
+        result = teir.einsum(subscripts, a, b)
+        np.testing.assert_allclose(result, np.einsum(subscripts, a, b), rtol=1e-6)
+        # in in1's order c, a, b: b innermost, then a
+        in_order = result.strides[2] < result.strides[0] < result.strides[1]
+        assert in_order is follows

@@ -20,7 +20,7 @@ from math import prod
 from typing import Any, Protocol
 
 from teir.buffers import new_strides
-from teir.codegen.target import Target
+from teir.codegen.target import Target, l3_share
 from teir.codegen.transpose import LINE_BYTES
 from teir.frontend.einsum_parse import EinsumError
 
@@ -143,9 +143,18 @@ def _large_input_order(
     if any(label not in large.labels for label in output if sizes[label] > 1):
         return None
     # the product in that order runs along the input's unit stride: a short one fills few
-    # lanes (edhgb,ge->bdhge with b 2, FP32 12 MB: 0.49-0.68 ms as listed, 0.74 ms so)
+    # lanes (edhgb,ge->bdhge with b 2, FP32 12 MB: 0.49-0.68 ms as listed, 0.74 ms so), which
+    # matters less than reading the input in order once it outgrows half this process's L3
+    # share: 26 random products of 7-61 MB into out views, unit labels of 4-31 elements, one
+    # thread, 24 ran 1.1-17x faster in the input's order (FP32 bc,ebadc->bdcae 17 MB 12.5 ->
+    # 0.74 ms, FP64 b,cdab->cbad 26 MB 5.8 -> 1.2), the two slower ones (0.44x, 0.62x) with
+    # the other input gathered along the unit label and as large (excluded below); of
+    # 0.2-5 MB, 13 of 27 ran slower (0.33-0.97x, ones of 0.02-0.34 ms)
     unit = _unit_label(large, sizes)
-    if unit is None or sizes[unit] < 2 * Target.host().lanes(large.array.itemsize):
+    if unit is None:
+        return None
+    short = sizes[unit] < 2 * Target.host().lanes(large.array.itemsize)
+    if short and (sizes[unit] < SHORT_UNIT_LEAST or 2 * large.array.nbytes <= l3_share()):
         return None
     # ... and reads the other input along it: one that steps further is gathered, unless
     # it is small (gaecb,cbga->bcega FP32, in1 1/6 of in0: 0.13 ms listed, 0.37 ms so)
@@ -157,6 +166,9 @@ def _large_input_order(
     return tuple(output.index(label) for label in labels)
 
 
+# ... and where that input's unit-stride label is shorter than two vectors, from this many
+# elements of it on (and beyond half the L3 share)
+SHORT_UNIT_LEAST = 4
 # An elementwise product's new result follows its larger input's order from this size on:
 # below it a result in another order costs more to create per call than its layout saves.
 FOLLOW_MIN_BYTES = 256 << 10
