@@ -35,13 +35,13 @@ def test_a_layout_no_kernel_fits_is_priced_with_its_copies():
     assert not fits
     copied = copied_cost(fields, 1)
     assert copied is not None and cost == copied
-    # the copy of the small in1 alone, not of in0's 358 K elements
+    # the copy of the small in1 alone, not of in0's 1.4 M elements
     in1_copy = 2.0 * sizes["d"] * sizes["e"] * sizes["f"] * 4 * COPY_FLOPS_PER_BYTE
-    in0_copy = 2.0 * fields_elements(fields, "strides_in0") * 4 * COPY_FLOPS_PER_BYTE
+    in0_copy = 2.0 * _elements_of(fields, "strides_in0") * 4 * COPY_FLOPS_PER_BYTE
     assert in1_copy < cost < in0_copy
 
 
-def fields_elements(fields, name):
+def _elements_of(fields, name):
     return int(np.prod([s for s, st in zip(fields["dim_sizes"], fields[name]) if st]))
 
 

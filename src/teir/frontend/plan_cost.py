@@ -80,7 +80,9 @@ def einsum_cost(fields: dict[str, Any], threads: int) -> tuple[float, bool]:
     if estimate.fits:
         return estimate.cost, True
     copied = copied_cost(fields, threads)
-    return min(estimate.cost, estimate.cost if copied is None else copied), False
+    if copied is None:
+        return estimate.cost, False
+    return min(estimate.cost, copied), False
 
 
 def copied_cost(fields: dict[str, Any], threads: int) -> float | None:
