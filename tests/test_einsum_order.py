@@ -300,3 +300,24 @@ def test_k_follows_a_large_input_of_short_unit_runs_beyond_half_the_l3_share(sha
         # in in1's order c, a, b: b innermost, then a
         in_order = result.strides[2] < result.strides[0] < result.strides[1]
         assert in_order is follows
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("accumulate", "relu"), [(False, False), (True, True)])
+def test_a_small_result_is_computed_along_the_large_inputs_unit_stride(dtype, accumulate, relu):
+    # x @ A over a, into an out whose unit stride is b, not A's c: computed as bc (A read in
+    # whole rows) and permuted into place, accumulate and ReLU applied there
+    subscripts = "abc,a->cb"
+    sizes = {"a": 64, "b": 6, "c": 4096}
+    a, x = _operands(subscripts, sizes, dtype)
+    out = RNG.uniform(-1, 1, (sizes["c"], sizes["b"])).astype(dtype)
+    plan = teir.einsum_plan(subscripts, a, x, out=out)
+    assert plan.canonical == (None, None, "bc")
+    assert "streams in long runs" in plan.explain()
+    expected = np.einsum(subscripts, a, x) + (out if accumulate else 0)
+    expected = np.maximum(expected, 0) if relu else expected
+    for _call in (1, 2):  # the second call replays the recorded steps
+        target = out.copy()
+        teir.einsum(subscripts, a, x, out=target, accumulate=accumulate, relu=relu)
+        tolerance = 1e-4 if dtype == np.float32 else 1e-10
+        np.testing.assert_allclose(target, expected, rtol=tolerance, atol=tolerance)

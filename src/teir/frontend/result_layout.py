@@ -91,7 +91,7 @@ def candidate_orders(inputs: Sequence[_Operand], output: Sequence[str]) -> list[
     return orders
 
 
-def _streaming_label(
+def streaming_label(
     inputs: Sequence[_Operand], output: Sequence[str], sizes: dict[str, int]
 ) -> str | None:
     """For a memory-bound contraction of a large input beside a small one, into a result
@@ -207,7 +207,7 @@ def result_order(
     listed, *others = candidate_orders(inputs, output)
     if not others:
         return None
-    streaming = _streaming_label(inputs, output, sizes)
+    streaming = streaming_label(inputs, output, sizes)
     if streaming is not None:
         # only orders with that label innermost compete; the cheapest where the listed
         # one has another
@@ -230,6 +230,19 @@ def result_order(
     return best if pays else None
 
 
+def streaming_order(
+    inputs: Sequence[_Operand], output: Sequence[str], sizes: dict[str, int]
+) -> str | None:
+    """The output's labels in the order a ``streaming_label`` contraction writes fastest: as
+    its large input lies (labels it lacks outermost); None where there is no such label."""
+    label = streaming_label(inputs, output, sizes)
+    if label is None:
+        return None
+    large = max(inputs, key=lambda op: op.array.size)
+    lying = sorted(output, key=lambda x: -abs(large.strides.get(x, 1 << 62)))
+    return "".join(lying)
+
+
 __all__ = [
     "ORDERS",
     "candidate_orders",
@@ -237,4 +250,6 @@ __all__ = [
     "fortran_ordered",
     "order_strides",
     "result_order",
+    "streaming_label",
+    "streaming_order",
 ]
