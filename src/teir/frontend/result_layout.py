@@ -234,13 +234,19 @@ def streaming_order(
     inputs: Sequence[_Operand], output: Sequence[str], sizes: dict[str, int]
 ) -> str | None:
     """The output's labels in the order a ``streaming_label`` contraction writes fastest: as
-    its large input lies (labels it lacks outermost); None where there is no such label."""
+    its large input lies (labels it lacks, or that do not move in it, outermost), that
+    label innermost; None where there is no such label."""
     label = streaming_label(inputs, output, sizes)
     if label is None:
         return None
     large = max(inputs, key=lambda op: op.array.size)
-    lying = sorted(output, key=lambda x: -abs(large.strides.get(x, 1 << 62)))
-    return "".join(lying)
+
+    def distance(x: str) -> int:
+        stride = abs(large.strides.get(x, 0))
+        return stride if stride and sizes[x] > 1 else 1 << 62
+
+    lying = "".join(sorted(output, key=lambda x: -distance(x)))
+    return lying if lying[-1] == label else None
 
 
 __all__ = [
