@@ -1630,7 +1630,7 @@ class _Emitter:
 
 def kernel_stack_bytes(spec: BrgemmSpec, target: Target) -> int:
     """The stack the kernel for ``spec`` needs for its packing buffer (0 without one)."""
-    if spec.m == spec.n == spec.k == spec.batch == 1:
+    if spec.one_element:
         return 0
     return choose_blocking(spec, target).stack_bytes(spec)
 
@@ -1652,7 +1652,7 @@ def brgemm_function(
     next call's A and B (``Prefetch``).
     """
     blocking = blocking or choose_blocking(spec, target)
-    if spec.m == spec.n == spec.k == spec.batch == 1:
+    if spec.one_element:
         _scalar_function(spec, module, name, linkage, attributes, prefetch is not None)
         return blocking
     attributes += probe_attribute(target, blocking.stack_bytes(spec))

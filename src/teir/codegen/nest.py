@@ -149,9 +149,7 @@ def nest_function(nest: LoopNest, target: Target, module: Module, name: str) -> 
         f.entry_alloca(f"%panel = alloca {t}, i64 {panel.elements}, align 64")
     loops = nest.loops
     main_spec = nest.main.spec if nest.main is not None else None
-    one_element = isinstance(main_spec, BrgemmSpec) and (
-        main_spec.m == main_spec.n == main_spec.k == main_spec.batch == 1
-    )
+    one_element = isinstance(main_spec, BrgemmSpec) and main_spec.one_element
     sizes_after = [prod(loop.size for loop in loops[i + 1 :]) for i in range(len(loops))]
     parallel_after = [
         prod(loop.size for loop in loops[i + 1 :] if loop.parallel) for i in range(len(loops))

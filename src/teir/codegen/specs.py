@@ -91,6 +91,12 @@ class BrgemmSpec:
     def flops(self) -> int:
         return 2 * self.m * self.n * self.k * self.batch
 
+    @property
+    def one_element(self) -> bool:
+        """Whether the kernel multiplies one element (m = n = k = batch = 1): scalar code
+        that the loops around it, inlined, vectorize."""
+        return self.flops == 2
+
     def extent_a(self) -> int:
         """Elements from A's first to one past its last element."""
         rows, cols = (self.k, self.m) if self.trans_a else (self.m, self.k)

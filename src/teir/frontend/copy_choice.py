@@ -52,7 +52,7 @@ def kernel_fill(main: TileOp | None) -> float:
     if main is None or not isinstance(main.spec, BrgemmSpec):
         return 1.0
     spec = main.spec
-    if spec.m == spec.n == spec.k == spec.batch == 1:
+    if spec.one_element:
         return 1.0  # the one-element kernel: LLVM vectorizes the loops around it
     blocking = choose_blocking(spec, Target.host())
     along = {"dot": spec.k, "mirror": spec.n}.get(blocking.form, spec.m)

@@ -235,6 +235,7 @@ def choose(
     # cabe,abde->cdba (16x3x40x600, 8, FP64), the case the limit was set for, now runs in
     # 1.07 ms copying in0 and 0.33 ms reading it in place.
     mirrored = canonical_orders(inputs, plan.out_memory, mirrored=True)
+    whole = _shape(everything)
     tried: set[Orders] = set()
     for subset in sorted(subsets, key=lambda s: sum(bytes_of[i] for i in s)):
         for chosen in (full, mirrored):
@@ -257,7 +258,7 @@ def choose(
                     continue
             elif product is None or not fits(product):
                 continue
-            if as_good(_shape(product), _shape(everything)):
+            if as_good(_shape(product), whole):
                 return orders, product
     return full, everything
 

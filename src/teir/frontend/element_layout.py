@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from math import prod
 
 from teir.frontend.copy_fallback import Orders
+from teir.frontend.result_layout import memory_order
 
 # The input copied must have at least this many bytes. Three-way products, 2 threads,
 # alternating processes, as they lie -> one input copied: 20-340 MB a tensor 0.39-0.88x the
@@ -45,14 +46,6 @@ LARGE_SHARE = 1 / 8
 # label, are copied into its layout where it has at least MIN_SMALL_COPY_RESULT elements.
 SMALL_SHARE = 1 / 8
 MIN_SMALL_COPY_RESULT = 1 << 16
-
-
-def memory_order(labels: Sequence[str], strides: dict[str, int], sizes: dict[str, int]) -> str:
-    """``labels`` ordered as they lie in memory, outermost first (size-1 and broadcast
-    labels, stride 0, outermost)."""
-    moving = [x for x in labels if sizes[x] > 1 and strides.get(x, 0) != 0]
-    still = [x for x in labels if x not in moving]
-    return "".join(still + sorted(moving, key=lambda x: -abs(strides[x])))
 
 
 def _elements_in_memory(

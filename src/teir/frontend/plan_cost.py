@@ -159,7 +159,7 @@ def _priced(fields: dict[str, Any], threads: int) -> _Estimate:
             return _Estimate(flops / (LANE_EFFICIENCY * fill), True, None)
         return _Estimate(flops / GENERIC_EFFICIENCY, False, None)
     spec = main.spec
-    if spec.m == spec.n == spec.k == spec.batch == 1:
+    if spec.one_element:
         # one element in loops, the output's unit-stride C axis innermost, where the nest is
         # vectorized: bound by moving its operands and result once
         moved = sum(_elements(fields, s) for s in ("strides_in0", "strides_in1", "strides_out"))

@@ -119,6 +119,14 @@ def streaming_label(
     return unit if sizes[unit] * large.array.itemsize >= LINE_BYTES else None
 
 
+def memory_order(labels: Sequence[str], strides: dict[str, int], sizes: dict[str, int]) -> str:
+    """``labels`` ordered as they lie in memory, outermost first (size-1 and broadcast
+    labels, stride 0, outermost)."""
+    moving = [x for x in labels if sizes[x] > 1 and strides.get(x, 0) != 0]
+    still = [x for x in labels if x not in moving]
+    return "".join(still + sorted(moving, key=lambda x: -abs(strides[x])))
+
+
 def _unit_label(operand: _Operand, sizes: dict[str, int]) -> str | None:
     """The label of the operand's unit stride (of size 2 or more), if any."""
     unit = [x for x in operand.labels if abs(operand.strides.get(x, 0)) == 1 and sizes[x] > 1]
@@ -240,12 +248,7 @@ def streaming_order(
     if label is None:
         return None
     large = max(inputs, key=lambda op: op.array.size)
-
-    def distance(x: str) -> int:
-        stride = abs(large.strides.get(x, 0))
-        return stride if stride and sizes[x] > 1 else 1 << 62
-
-    lying = "".join(sorted(output, key=lambda x: -distance(x)))
+    lying = memory_order(output, large.strides, sizes)
     return lying if lying[-1] == label else None
 
 
@@ -254,6 +257,7 @@ __all__ = [
     "candidate_orders",
     "check_order",
     "fortran_ordered",
+    "memory_order",
     "order_strides",
     "result_order",
     "streaming_label",

@@ -103,7 +103,7 @@ def chain_length(plan: Any) -> int:
     if main is None or not isinstance(main.spec, BrgemmSpec):
         return calls
     spec = main.spec
-    if spec.m == spec.n == spec.k == spec.batch == 1:
+    if spec.one_element:
         return calls  # the one-element kernel, inlined into the loops
     blocking = choose_blocking(spec, Target.host())
     if not blocking.k_piece:
