@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from teir.codegen.brgemm import choose_blocking, prefetch_lines
+from teir.codegen.brgemm import choose_blocking, prefetched_lines
 from teir.codegen.irtext import Module
 from teir.codegen.nest import nest_function, nest_stack_bytes, prefetch_for
 from teir.codegen.specs import BrgemmSpec
@@ -217,7 +217,7 @@ class Operation:
                     f"{b.b_buffer_bytes(op.spec) // 1024} KiB stack buffer"
                 )
             prefetch = prefetch_for(self.nest, role)
-            lines = prefetch_lines(op.spec, prefetch) if prefetch is not None else (0, 0)
+            lines = prefetched_lines(op.spec, b, prefetch)
             if any(lines):
                 tiles = " and ".join(n for n, count in zip(("A", "B"), lines) if count)
                 size = sum(lines) * 64
