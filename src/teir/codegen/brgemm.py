@@ -1390,7 +1390,8 @@ class _Emitter:
         overwrite: bool | str,
     ) -> None:
         """Add the mirror form's block of C^T to the column-major C: transpose it in registers
-        (lanes x lanes at a time) so that every column of C gets one contiguous update."""
+        (lanes x lanes at a time) so that every column of C gets one contiguous update; a
+        single row of C of unit stride takes the block's vectors as they are."""
         f, lanes, spec = self.f, self.b.lanes, self.spec
         if cols == 1 and spec.ldc == 1:
             # C is one row (M of one) of unit stride: each vector of the block is a run of it,
@@ -1442,18 +1443,12 @@ class _Emitter:
         streamed: bool = False,
         first: int = 0,
     ) -> None:
-        f, spec, lanes = self.f, self.spec, self.b.lanes
-        if self.b.form != "mirror":
-            offset = f.add_i64(f.add_i64(r0, v * lanes), f.mul_i64(f.add_i64(c0, col), spec.ldc))
-            self.update_vector(value, offset, active, overwrite, streamed, first)
-            return
-        # Lane l holds C[m = c0 + col, n = r0 + v * lanes + l]: at m + n * ldc.
-        m_offset = f.add_i64(c0, col)
-        for lane in range(active):
-            n_index = f.add_i64(r0, v * lanes + lane)
-            pointer = f.gep(self.t, "%C", f.add_i64(m_offset, f.mul_i64(n_index, spec.ldc)))
-            element = f.assign(f"extractelement {self.vt} {value}, i64 {lane}", "e")
-            self.update_scalar(pointer, element, overwrite)
+        """Vector ``v`` of column ``col`` of an outer-form block into C (the mirror form's
+        blocks go through :meth:`store_mirror`)."""
+        assert self.b.form == "outer"
+        f, lanes = self.f, self.b.lanes
+        offset = f.add_i64(f.add_i64(r0, v * lanes), f.mul_i64(f.add_i64(c0, col), self.spec.ldc))
+        self.update_vector(value, offset, active, overwrite, streamed, first)
 
     def update_vector(
         self,
