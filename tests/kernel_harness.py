@@ -44,8 +44,10 @@ def compile_many(
     functions = []
     for spec, name in zip(specs, names):
         scaled = isinstance(spec, UnarySpec) and spec.scale is not None
-        pointers = 3 if isinstance(spec, BrgemmSpec) or scaled else 2
-        signature = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * pointers))
+        joined = isinstance(spec, UnarySpec) and spec.joined
+        pointers = 3 if isinstance(spec, BrgemmSpec) or scaled or joined else 2
+        arguments = [ctypes.c_void_p] * pointers + ([ctypes.c_int64] if joined else [])
+        signature = ctypes.CFUNCTYPE(None, *arguments)
         functions.append(signature(addresses[name]))
     return functions
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import teir
-from kernel_harness import compile_many, run_brgemm, run_unary
+from kernel_harness import PAD, compile_many, guarded, matrix_mask, run_brgemm, run_unary, view
 from teir import kernels
 from teir.codegen.brgemm import K_PIECE, Blocking, _Emitter, choose_blocking, pack_leading_bytes
 from teir.codegen.irtext import Module
@@ -295,6 +295,46 @@ def test_transposed_copy_at_every_alignment(dtype, streamed):
     functions = compile_many(specs, HOST, streamed=streamed)
     for seed, (spec, function, shift) in enumerate(zip(specs, functions, shifts)):
         run_unary(spec, function, seed, shift)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_joined_tiles_fill_their_shared_lines_at_every_alignment(dtype):
+    """Three joined tiles one after the other along B's columns (``UnarySpec.joined``, the
+    way a loop nest calls them: each told whether a tile comes before and after it, and
+    the next one's A) fill each column of B once at every alignment of B, short columns
+    and columns ending inside a line included, and touch nothing outside; unjoined calls
+    (``joins`` 0) of the same kernel give the same result."""
+    np_dtype = np.float32 if dtype == "f32" else np.float64
+    lanes = HOST.lanes(np.dtype(np_dtype).itemsize)
+    tiles = 3
+    for m, n in ((lanes, lanes), (2 * lanes + 3, lanes + 5), (6 * lanes, 2 * lanes)):
+        lda = n + 5  # A's rows: n elements, lda apart; each tile's A a block of its own
+        ldb = -(-tiles * m // lanes) * lanes + lanes  # whole vectors: the rows are shifted
+        specs = [
+            UnarySpec(dtype, op, m, n, lda, ldb, trans_a=True, stream_b=True, joined=True)
+            for op in (UnaryOp.COPY, UnaryOp.RELU)
+        ]
+        for spec, function in zip(specs, compile_many(specs, HOST, streamed=True)):
+            rng = np.random.default_rng(m)
+            a = rng.uniform(-1, 1, (tiles, m, lda)).astype(np_dtype)
+            a[:, :, n:] = np.nan  # never read
+            expected = np.concatenate([a[t, :, :n] for t in range(tiles)])  # (tiles*m, n)
+            if spec.op is UnaryOp.RELU:
+                expected = np.maximum(expected, 0)
+            for shift in range(lanes):
+                for joined in (True, False):
+                    used = matrix_mask(ldb * n, tiles * m, n, ldb)
+                    b = guarded(np.zeros(ldb * n, np_dtype), used, 7.25, shift)
+                    size = a.itemsize
+                    for t in range(tiles):
+                        joins = (t > 0) | (t < tiles - 1) << 1 if joined else 0
+                        following = a[min(t + 1, tiles - 1)].ctypes.data
+                        function(a[t].ctypes.data, b.address + t * m * size, following, joins)
+                    result = view(b.data, 0, tiles * m, n, 1, ldb)
+                    np.testing.assert_array_equal(result, expected)
+                    outside = np.ones(b.full.size, dtype=bool)
+                    outside[PAD : PAD + ldb * n][used] = False
+                    assert (b.full[outside] == 7.25).all(), (m, n, shift, joined)
 
 
 @pytest.mark.parametrize("streamed", [False, True])

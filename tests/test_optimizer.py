@@ -434,6 +434,34 @@ def test_long_transposed_columns_stream(monkeypatch, subscripts, size, dtype, st
 
 
 @pytest.mark.parametrize(
+    ("subscripts", "size", "dtype", "joined"),
+    [
+        ("ijkl->lkji", 16, "FP64", True),  # 128-byte columns, continued along j
+        ("ijkl->lkji", 32, "FP32", True),
+        ("ijklm->mlkji", 8, "FP64", True),  # 64-byte ones: one vector
+        ("ijk->kji", 160, "FP64", False),  # 1280-byte ones: long enough alone
+        ("ijkl->lkji", 24, "FP32", False),  # 96-byte ones, not streamed
+    ],
+)
+def test_short_streamed_columns_join_the_next_tile(monkeypatch, subscripts, size, dtype, joined):
+    """A streamed transposed tile whose short columns the next tile along a loop continues
+    is joined to it (the line they share stored whole, once: ``UnarySpec.joined``); the
+    results equal NumPy's at every offset of the output from a line, on two threads, with
+    the loops that continue the columns split among them or not."""
+    import teir.lower.tiles as tiles
+    from teir.codegen.nest import joined_loops
+    from teir.lower.nest import lower
+
+    monkeypatch.setattr(tiles, "cache_sizes", lambda: {"L1": 1024, "L2": 2048, "L3": 4096})
+    config = teir.optimize(_permutation(subscripts, size, dtype), threads=2)
+    nest = lower(config)
+    assert nest.main is not None and nest.main.spec.trans_a
+    assert nest.main.spec.joined is joined
+    assert bool(nest.main.spec.joined and joined_loops(nest, nest.main)) is joined
+    _check_permutation_at_every_offset(config, subscripts, size)
+
+
+@pytest.mark.parametrize(
     ("subscripts", "dtype", "runs"),
     [
         ("ijkl->ljki", "FP32", True),  # rows of A along k follow each other in memory

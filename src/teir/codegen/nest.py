@@ -18,7 +18,7 @@ from teir.codegen.irtext import FunctionBuilder, Module, scalar_type
 from teir.codegen.specs import BrgemmSpec, UnarySpec
 from teir.codegen.target import Target, probe_attribute
 from teir.codegen.unary import unary_function
-from teir.ir import DimType
+from teir.ir import DimType, Tensor
 from teir.lower.nest import Access, LoopNest
 from teir.lower.tiles import TileOp
 
@@ -54,6 +54,10 @@ def _tile_op_function(
         generic_function(spec, module, kernel, linkage, attributes=inline)
     t = scalar_type(spec.itemsize)
     following = ", ptr %next_in0, ptr %next_in1" if prefetch is not None else ""
+    joined = isinstance(spec, UnarySpec) and spec.joined
+    if joined:
+        assert not op.loops and prefetch is None
+        following = ", ptr %next_in0, i64 %joins"
     f = FunctionBuilder(
         module,
         f"define internal void @{name}(ptr %in0, ptr %in1, ptr %out{following}) "
@@ -66,7 +70,10 @@ def _tile_op_function(
         if prefetch is not None:
             assert not op.loops
             pointers += [("%next_in0", "%next_in1")[tensor.value] for tensor in op.operands[:2]]
-        f.emit(f"call void @{kernel}({', '.join(f'ptr {p}' for p in pointers)})")
+        arguments = [f"ptr {p}" for p in pointers]
+        if joined:
+            arguments += ["ptr %next_in0", "i64 %joins"]
+        f.emit(f"call void @{kernel}({', '.join(arguments)})")
 
     def nested(level: int, offsets: Offsets) -> None:
         if level == len(op.loops):
@@ -123,6 +130,28 @@ def prefetch_for(nest: LoopNest, role: str) -> Prefetch | None:
     return Prefetch(a, b) if a or b else None
 
 
+def _joined(op: TileOp) -> bool:
+    return isinstance(op.spec, UnarySpec) and op.spec.joined
+
+
+def joined_loops(nest: LoopNest, op: TileOp) -> list[int]:
+    """The loops (innermost first) that continue the columns of ``op``, a joined
+    transposed Copy or ReLU of ``nest`` (``UnarySpec.joined``): the first one steps the output
+    by a column's length, each next one by the span of those before it, so that the tile
+    after this one (in the output's memory) is this one with the innermost of them that is
+    not at its end stepped, those inside it back at 0."""
+    assert isinstance(op.spec, UnarySpec) and op.spec.joined
+    out = Tensor.OUT.value
+    chain: list[int] = []
+    span = op.spec.m
+    while True:
+        found = [i for i, loop in enumerate(nest.loops) if loop.strides[out] == span]
+        if len(found) != 1 or found[0] in chain:
+            return chain
+        chain.append(found[0])
+        span *= nest.loops[found[0]].size
+
+
 def nest_function(nest: LoopNest, target: Target, module: Module, name: str) -> None:
     """Add the nest function ``name`` (and its tile primitives) to ``module``."""
     ops: dict[str, str] = {}
@@ -161,14 +190,50 @@ def nest_function(nest: LoopNest, target: Target, module: Module, name: str) -> 
         prod(loop.size for loop in loops[i + 1 :] if loop.parallel) for i in range(len(loops))
     ]
 
-    def call(role: str, offsets: Offsets, following: Offsets | None = None) -> None:
+    joins = {role: joined_loops(nest, op) for role, op in roles if op is not None and _joined(op)}
+
+    def joined_arguments(role: str, offsets: Offsets, indices: list[str | int]) -> list[str]:
+        """``ptr next_in0, i64 joins`` for a joined op (see ``joined_loops``)."""
+        chain = joins[role]
+        step: str | int = 0
+        before: str | int = 0
+        after: str | int = 0
+        for position, i in reversed(list(enumerate(chain))):
+            loop, index = loops[i], indices[i]
+            # stepping loop i resets the ones inside it (chain[:position]) to 0
+            delta = loop.strides[0] - sum(
+                (loops[j].size - 1) * loops[j].strides[0] for j in chain[:position]
+            )
+            room = f.assign(f"icmp slt i64 {index}, {loop.size - 1}", "c")
+            step = f.assign(f"select i1 {room}, i64 {delta}, i64 {step}", "i")
+            more = f.assign(f"zext i1 {room} to i64", "i")
+            after = f.assign(f"or i64 {after}, {more}", "i")
+            started = f.assign(f"icmp sgt i64 {index}, 0", "c")
+            less = f.assign(f"zext i1 {started} to i64", "i")
+            before = f.assign(f"or i64 {before}, {less}", "i")
+        flags: str | int = 0
+        if chain:
+            flags = f.assign(f"or i64 {f.assign(f'shl i64 {after}, 1', 'i')}, {before}", "i")
+        following = f.gep(t, "%in0", f.add_i64(offsets[0], step))
+        return [f"ptr {following}", f"i64 {flags}"]
+
+    def call(
+        role: str,
+        offsets: Offsets,
+        following: Offsets | None = None,
+        indices: list[str | int] | None = None,
+    ) -> None:
         pointers = [f.gep(t, base, offsets[i]) for i, base in enumerate(("%in0", "%in1", "%out"))]
         if panel is not None and role in ("main", "main_zero"):
             pointers[panel.tensor.value] = "%panel"  # the packed operand comes from the buffer
         if role in prefetching:
             assert following is not None
             pointers += [f.gep(t, base, following[i]) for i, base in enumerate(("%in0", "%in1"))]
-        f.emit(f"call void @{ops[role]}({', '.join(f'ptr {p}' for p in pointers)})")
+        arguments = [f"ptr {p}" for p in pointers]
+        if role in joins:
+            assert indices is not None
+            arguments += joined_arguments(role, offsets, indices)
+        f.emit(f"call void @{ops[role]}({', '.join(arguments)})")
 
     def pack(offsets: Offsets) -> None:
         pointers = [f.gep(t, base, offsets[i]) for i, base in enumerate(("%in0", "%in1"))]
@@ -222,7 +287,7 @@ def nest_function(nest: LoopNest, target: Target, module: Module, name: str) -> 
             if "first" in ops:
                 guarded(first_condition, lambda: call("first", offsets))
             if "main" in ops:
-                call("main", offsets, following)
+                call("main", offsets, following, indices)
         if "last" in ops:
             guarded(last_condition, lambda: call("last", offsets))
 

@@ -137,6 +137,14 @@ class UnarySpec:
     apart, run q starting at ``q * lda_outer`` (two axes that are contiguous in B but not
     in A, such as i and j of ``ijkl->lkji``), so that B's columns are long.
 
+    A transposed, streamed B whose columns continue into the next tile's (``joined``: the
+    tile after it in the loop nest starts where B's columns end) makes its kernel take two
+    more arguments, ``ptr next_A, i64 joins``: bit 0 of ``joins`` says a tile before this
+    one exists, bit 1 one after it, whose A is ``next_A``. The line B shares with each
+    neighbour is then stored whole by the tile before it, around the caches, completed from
+    the next tile's first rows of A, rather than in two masked halves, each read for ownership
+    (see ``teir.codegen.transpose``).
+
     A transposed A may be scaled elementwise (``scale``, an internal extension for
     elementwise products, see ``teir.lower.products``): ``B := op(A^T * S)`` with element
     (i, j) of S at ``i * scale[0] + j * scale[1]``, ``scale[0]`` 0 (one value per column of
@@ -155,6 +163,7 @@ class UnarySpec:
     m_inner: int = 0
     lda_outer: int = 0
     scale: tuple[int, int] | None = None
+    joined: bool = False
 
     def __post_init__(self) -> None:
         _itemsize(self.dtype)
@@ -196,6 +205,9 @@ class UnarySpec:
             if rows not in (0, 1) or isinstance(cols, bool) or not isinstance(cols, int):
                 raise KernelError(f"scale strides must be (0 or 1, int >= 0); got {self.scale}")
             _check_at_least("the scale's column stride", cols, 0, "a stride")
+
+        if self.joined and not (self.trans_a and self.stream_b and self.scale is None):
+            raise KernelError("joined tiles need a transposed A, a streamed B and no scale")
 
     @property
     def itemsize(self) -> int:
@@ -239,7 +251,7 @@ class UnarySpec:
     @property
     def name(self) -> str:
         kind = "inplace" if self.in_place else ("t" if self.trans_a else "n")
-        stream = "_stream" if self.stream_b else ""
+        stream = ("_stream" if self.stream_b else "") + ("_joined" if self.joined else "")
         runs = f"_runs{self.m_inner}x{self.lda_outer}" if self.m_inner else ""
         scaled = f"_scaled{self.scale[0]}x{self.scale[1]}" if self.scale else ""
         return (

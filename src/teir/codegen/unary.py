@@ -51,9 +51,10 @@ class _UnaryEmitter:
             module.declare("nontemporal", f"!{NONTEMPORAL} = !{{i32 1}}")
         reads = "readonly " if spec.reads_a else ""
         scale = ", ptr noalias readonly %S" if spec.scale is not None else ""
+        joined = ", ptr readonly %nextA, i64 %joins" if spec.joined else ""
         self.f = FunctionBuilder(
             module,
-            f"define {linkage} void @{name}(ptr noalias {reads}%A, ptr noalias %B{scale}) "
+            f"define {linkage} void @{name}(ptr noalias {reads}%A, ptr noalias %B{scale}{joined}) "
             f"nounwind {attributes}",
         )
 

@@ -254,6 +254,12 @@ def output_outgrows_cache(elements: int, itemsize: int) -> bool:
 # columns at least this long stream even where the next tile continues them (_streams_copy):
 # the transposed kernel shifts rows of 8 or more 64-byte vectors onto line boundaries
 LONG_COLUMN_BYTES = 512
+# transposed columns up to this long, continued by the next tile, are joined to it
+# (UnarySpec.joined): 2 threads, NumPy's 16-byte offsets, ijkl->lkji 48^4 FP64 (384-byte
+# columns) 31 -> 41-56 GB/s, 64^4 28 -> 35, ijklm->mlkji 24^5 28 -> 36-43, FP32 lkji 48^4
+# 30-37 -> 40-41, 64^4 18-20 -> 24-25; longer ones gained nothing and lost up to 25 %
+# (ijklm->ikmjl 24^5 FP64, 288-element columns in runs: 22 -> 16.5 GB/s on one thread)
+JOINED_COLUMN_BYTES = 1024
 
 
 def _streams_copy(config: Config, rows: int, ldb: int, transposed: bool) -> bool:
@@ -289,6 +295,17 @@ def _streams_copy(config: Config, rows: int, ldb: int, transposed: bool) -> bool
     continued = bool(loops) and abs(s.strides(Tensor.OUT)[loops[-1]]) == rows
     return streams_columns(
         rows, ldb, transposed, continued, prod(s.dim_sizes), config.data_type.itemsize
+    )
+
+
+def _continued(config: Config, rows: int) -> bool:
+    """Whether a loop of ``config`` steps the output by ``rows`` elements: the next tile
+    along it continues the tile's columns of that length (``UnarySpec.joined``)."""
+    s = config.schedule
+    prims = s.prim_axes
+    strides = s.strides(Tensor.OUT)
+    return any(
+        strides[a] == rows for a in range(len(s.dim_types)) if a not in prims and s.dim_sizes[a] > 1
     )
 
 
@@ -407,6 +424,16 @@ def unary_op(config: Config, op: UnaryOp, in_place: bool) -> TileOp:
             return _generic(config, generic_op, axes, "in0 has no unit stride in the tile")
     if ldb == 0 or (reads and lda == 0):
         return _generic(config, generic_op, axes, "a zero stride (broadcast) in the tile")
+    stream_b = reads and _streams_copy(config, m, ldb, trans_a)
+    itemsize = config.data_type.itemsize
+    joined = (
+        stream_b
+        and trans_a
+        and not loops
+        and m * itemsize <= JOINED_COLUMN_BYTES
+        and (ldb * itemsize) % LINE_BYTES == 0
+        and _continued(config, m)
+    )
     try:
         spec = UnarySpec(
             dtype,
@@ -417,9 +444,10 @@ def unary_op(config: Config, op: UnaryOp, in_place: bool) -> TileOp:
             ldb,
             trans_a,
             in_place and op is UnaryOp.RELU,
-            stream_b=reads and _streams_copy(config, m, ldb, trans_a),
+            stream_b=stream_b,
             m_inner=0 if runs is None else row.size,
             lda_outer=0 if runs is None else fused[0].strides[src],
+            joined=joined,
         )
     except KernelError:
         return _generic(config, generic_op, axes, "leading dimensions let columns overlap")
