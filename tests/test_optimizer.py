@@ -362,7 +362,7 @@ def test_permutation_loops_follow_both_tensors(threads):
     [
         ("ijkl->lkji", 16, True),  # columns of 64 bytes, scattered by the inner loop
         ("ijk->ikj", 32, True),  # one loop, whose tiles are whole planes
-        ("ijkl->ljki", 16, False),  # the inner loop continues the columns
+        ("ijkl->ljki", 16, True),  # the inner loop continues the columns: joined
         ("ijkl->lkji", 12, False),  # 48-byte columns share lines with the next tile
     ],
 )
@@ -410,7 +410,7 @@ def _check_permutation_at_every_offset(config: teir.Config, subscripts: str, siz
     ("subscripts", "size", "dtype", "streamed"),
     [
         ("ijk->kji", 128, "FP32", True),  # 512-byte columns, continued by the inner loop
-        ("ijkl->lkji", 24, "FP32", False),  # 96-byte ones, not joined by the next axis
+        ("ijkl->lkji", 24, "FP32", True),  # 96-byte ones, joined to the next tile's
         ("ij->ji", 1000, "FP64", True),  # 250-element columns on 8000-byte rows: shifted
         ("ij->ji", 1000, "FP32", True),  # 4000-byte rows: each column shifted on its own
         ("ijk->kji", 37, "FP32", True),  # 148-byte columns, continued, each shifted on its own
@@ -440,7 +440,8 @@ def test_long_transposed_columns_stream(monkeypatch, subscripts, size, dtype, st
         ("ijkl->lkji", 32, "FP32", True),
         ("ijklm->mlkji", 8, "FP64", True),  # 64-byte ones: one vector
         ("ijk->kji", 160, "FP64", False),  # 1280-byte ones: long enough alone
-        ("ijkl->lkji", 24, "FP32", False),  # 96-byte ones, not streamed
+        ("ijkl->lkji", 24, "FP32", True),  # 96-byte ones, streamed as they are joined
+        ("ijkl->lkji", 12, "FP32", False),  # 48-byte ones: under a vector
     ],
 )
 def test_short_streamed_columns_join_the_next_tile(monkeypatch, subscripts, size, dtype, joined):
