@@ -302,14 +302,24 @@ def test_joined_tiles_fill_their_shared_lines_at_every_alignment(dtype):
     """Three joined tiles one after the other along B's columns (``UnarySpec.joined``, the
     way a loop nest calls them: each told whether a tile comes before and after it, and
     the next one's A) fill each column of B once at every alignment of B, short columns
-    and columns ending inside a line included, and touch nothing outside; unjoined calls
-    (``joins`` 0) of the same kernel give the same result."""
+    and columns ending inside a line included, columns a whole number of vectors apart
+    (shifted alike) or not (each shifted on its own, its end spilling into a second
+    vector or not), and touch nothing outside; unjoined calls (``joins`` 0) of the same
+    kernel give the same result."""
     np_dtype = np.float32 if dtype == "f32" else np.float64
     lanes = HOST.lanes(np.dtype(np_dtype).itemsize)
     tiles = 3
-    for m, n in ((lanes, lanes), (2 * lanes + 3, lanes + 5), (6 * lanes, 2 * lanes)):
+    forms = [  # m, n, B's columns a whole number of vectors apart
+        (lanes, lanes, True),
+        (2 * lanes + 3, lanes + 5, True),
+        (6 * lanes, 2 * lanes, True),
+        (2 * lanes + 3, lanes + 5, False),
+        (3 * lanes - 1, 2 * lanes + 1, False),
+        (4 * lanes, lanes, False),
+    ]
+    for m, n, whole_vectors in forms:
         lda = n + 5  # A's rows: n elements, lda apart; each tile's A a block of its own
-        ldb = -(-tiles * m // lanes) * lanes + lanes  # whole vectors: the rows are shifted
+        ldb = -(-tiles * m // lanes) * lanes + (lanes if whole_vectors else 3)
         specs = [
             UnarySpec(dtype, op, m, n, lda, ldb, trans_a=True, stream_b=True, joined=True)
             for op in (UnaryOp.COPY, UnaryOp.RELU)

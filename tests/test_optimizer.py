@@ -440,6 +440,7 @@ def test_long_transposed_columns_stream(monkeypatch, subscripts, size, dtype, st
         ("ijkl->lkji", 32, "FP32", True),
         ("ijklm->mlkji", 8, "FP64", True),  # 64-byte ones: one vector
         ("ijk->kji", 160, "FP64", False),  # 1280-byte ones: long enough alone
+        ("ijk->kji", 37, "FP32", True),  # 148-byte ones, each shifted on its own
         ("ijkl->lkji", 24, "FP32", True),  # 96-byte ones, streamed as they are joined
         ("ijkl->lkji", 12, "FP32", False),  # 48-byte ones: under a vector
     ],

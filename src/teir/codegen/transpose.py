@@ -131,6 +131,7 @@ class _Transpose:
         self.vector_bytes = self.lanes * self.spec.itemsize
         self.masked_rows = False
         self.joined = False  # lines shared with the neighbouring tiles stored whole, once
+        self.before = self.after = ""  # the joined kernel's flags (nonzero: a tile there)
 
     # ---- loops and integers that fold compile-time values ------------------------------------
     def for_range(self, count: Size, body: Callable[[str], None], hint: str) -> None:
@@ -389,6 +390,10 @@ class _Transpose:
         self.e.module.declare("smax.i64", "declare i64 @llvm.smax.i64(i64, i64)")
         self.e.module.declare("smin.i64", "declare i64 @llvm.smin.i64(i64, i64)")
         if self.shifts_columns():
+            self.joined = spec.joined
+            if self.joined:
+                self.before = f.assign("and i64 %joins, 1", "i")
+                self.after = f.assign("and i64 %joins, 2", "i")
             self.shifted_columns()
             return
         # B's rows are shifted with masked first and last blocks, A's columns with clamped
@@ -568,10 +573,10 @@ class _ShiftedColumns:
         high = self.f.assign(f"shl i64 1, {count}", "m")
         return self.f.assign(f"sub i64 {high}, 1", "m")
 
-    def transposed(self, i0: Size, j0: Size, rows: int, cols: int) -> list[str]:
+    def transposed(self, i0: Size, j0: Size, rows: int, cols: int, a: str = "%A") -> list[str]:
         e, f = self.e, self.f
         vectors = [
-            e.load("%A", f.add_i64(j0, e.a_row(f.add_i64(i0, ii))), cols)
+            e.load(a, f.add_i64(j0, e.a_row(f.add_i64(i0, ii))), cols)
             if ii < rows
             else "zeroinitializer"
             for ii in range(self.lanes)
@@ -601,15 +606,69 @@ class _ShiftedColumns:
             low = f.assign(f"shl i64 -1, {self.shifts[jj]}", "m")
             self.masked_store(self.joined("zeroinitializer", below, jj), self.at(j0, jj, 0), low)
 
+        if self.t.joined:  # the tile before stores the line this column starts in
+            alone = f.assign(f"icmp eq i64 {self.t.before}, 0", "c")
+            part_alone = part
+
+            def part() -> None:
+                f.when(alone, part_alone)
+
         f.when(on_line, whole, part)
 
     def middle(self, above: str, below: str, j0: Size, jj: int, i0: Size) -> None:
         value = self.joined(above, below, jj)
         self.e.store(value, "%B", self.at(j0, jj, i0), self.lanes, streamed=True)
 
-    def end(self, above: str, below: str, j0: Size, jj: int) -> None:
+    def end(self, above: str, below: str, j0: Size, jj: int, following: str | None) -> None:
         """A column's last rows, from ``blocks * lanes - shift``: ``shift + tail`` of them
-        (``below`` holds the tail's rows)."""
+        (``below`` holds the tail's rows); in a joined tile with a tile after it, the lines
+        they share with that tile's column, completed from its first rows (``following``)
+        and stored whole."""
+        if following is None:
+            self.plain_end(above, below, j0, jj)
+            return
+        f = self.f
+        after = f.assign(f"icmp ne i64 {self.t.after}, 0", "c")
+        f.when(
+            after,
+            lambda: self.joined_end(above, below, following, j0, jj),
+            lambda: self.plain_end(above, below, j0, jj),
+        )
+
+    def joined_end(self, above: str, below: str, following: str, j0: Size, jj: int) -> None:
+        """``end`` into the next tile's column: the rows from ``blocks * lanes`` on are
+        the tail's, then the next tile's (``following``), of which the lines shared with it
+        take fewer than a vector."""
+        e, f, lanes, tail = self.e, self.f, self.lanes, self.tail
+        left = f.assign(f"add i64 {self.shifts[jj]}, {tail}", "i")
+        offset = self.at(j0, jj, self.blocks * lanes)
+        # the column's rows from blocks * lanes on, a vector and the next (as far as needed)
+        rows = [t if t < tail else lanes + t - tail for t in range(lanes)]
+        first = f.assign(
+            f"shufflevector {e.vt} {below}, {e.vt} {following}, "
+            f"<{lanes} x i32> <{', '.join(f'i32 {r}' for r in rows)}>",
+            "v",
+        )
+        rest = [
+            f"i32 {lanes - tail + t}" if lanes - tail + t < lanes else "i32 poison"
+            for t in range(lanes)
+        ]
+        second = f.assign(
+            f"shufflevector {e.vt} {following}, {e.vt} poison, <{lanes} x i32> <{', '.join(rest)}>",
+            "v",
+        )
+        some = f.assign(f"icmp ne i64 {left}, 0", "c")
+        f.when(some, lambda: e.store(self.joined(above, first, jj), "%B", offset, lanes, True))
+        spill = f.assign(f"icmp ugt i64 {left}, {lanes}", "c")
+        f.when(
+            spill,
+            lambda: e.store(
+                self.joined(first, second, jj), "%B", f.add_i64(offset, lanes), lanes, True
+            ),
+        )
+
+    def plain_end(self, above: str, below: str, j0: Size, jj: int) -> None:
+        """``end`` with no tile after this one's columns."""
         f, lanes, tail = self.f, self.lanes, self.tail
         left = f.assign(f"add i64 {self.shifts[jj]}, {tail}", "i")
         offset = self.at(j0, jj, self.blocks * lanes)
@@ -628,6 +687,13 @@ class _ShiftedColumns:
             self.masked_store(value, str(f.add_i64(offset, lanes)), self.prefix_bits(count))
 
         f.when(spill, rest)
+
+    def following(self, j0: Size, cols: int) -> list[str] | None:
+        """The next tile's first block of columns ``j0 ..`` in a joined tile (its A is this
+        tile's where no tile follows: always within in0), else None."""
+        if not self.t.joined:
+            return None
+        return self.transposed(0, j0, self.lanes, cols, "%nextA")
 
     def tail_rows(self, j0: Size, cols: int) -> list[str]:
         if self.tail:
@@ -660,8 +726,9 @@ class _ShiftedColumns:
             if self.blocks > 1:
                 last = f.loop(self.blocks - 1, [(e.vt, v) for v in first], steady, "down")
             below = self.tail_rows(j0, lanes)
+            following = self.following(j0, lanes)
             for jj in range(lanes):
-                self.end(last[jj], below[jj], j0, jj)
+                self.end(last[jj], below[jj], j0, jj, following[jj] if following else None)
 
         f.range_loop(0, -(-spec.n // lanes), block_of_columns, "jb")
 
@@ -702,8 +769,9 @@ class _ShiftedColumns:
 
         def end(j0: Size, cols: int) -> None:
             below = self.tail_rows(j0, cols)
+            following = self.following(j0, cols)
             for jj in range(cols):
-                self.end(kept(j0, jj), below[jj], j0, jj)
+                self.end(kept(j0, jj), below[jj], j0, jj, following[jj] if following else None)
 
         self.each_block_of_columns(head)
         if self.blocks > 1:

@@ -311,11 +311,19 @@ def _joinable(config: Config, rows: int, ldb: int, transposed: bool) -> bool:
     is joined to the next tile along them (``UnarySpec.joined``): columns of a vector to
     JOINED_COLUMN_BYTES, line-aligned alike, continued by a loop."""
     itemsize = config.data_type.itemsize
+    aligned = (ldb * itemsize) % LINE_BYTES == 0
+    if not aligned:
+        # columns no whole number of lines apart, each shifted on its own (from two vectors
+        # on), are joined only where in0 and out outgrow the last-level cache: 2 threads,
+        # ijkl->ljki 37x41x43x47 FP64 (24 MB each) 35-45 -> 48-54 GB/s, ij->ji 2045x3411
+        # FP32 36-50 -> 46-49, but abc->cba 103x111x93 FP64 (8.5 MB) 62 -> 55
+        elements = prod(config.schedule.dim_sizes)
+        if rows * itemsize < 2 * LINE_BYTES or 2 * elements * itemsize <= cache_sizes()["L3"]:
+            return False
     return (
         transposed
         and LINE_BYTES <= rows * itemsize <= JOINED_COLUMN_BYTES
-        and (ldb * itemsize) % LINE_BYTES == 0
-        and _continued(config, rows)
+        and (_continued(config, rows))
     )
 
 
