@@ -23,6 +23,11 @@ Columns of B that lie no whole number of lines apart cannot share one shifted gr
 a loop nest that goes around the caches then shifts each column on its own (one two-source
 permute per vector: :meth:`_Transpose.shifted_columns`).
 
+Joined tiles (``UnarySpec.joined``, a loop nest's tiles whose short columns the next tile
+continues): the line two such tiles share is stored whole, around the caches, by the tile
+before it, completed from the next tile's first rows of A, and skipped by the tile after it,
+rather than in two masked halves by regular stores that read it for ownership.
+
 Edges: along A's columns, the first and last blocks of a shifted grid are full blocks moved
 inwards to the bounds (``clamp(offset + k * lanes, 0, extent - lanes)``), overlapping their
 neighbours. Writing an element of B twice with the same value is harmless (A and B never

@@ -309,7 +309,8 @@ def _streams_copy(config: Config, rows: int, ldb: int, transposed: bool) -> bool
 def _joinable(config: Config, rows: int, ldb: int, transposed: bool) -> bool:
     """Whether a streamed tile with transposed columns of ``rows`` elements, ``ldb`` apart,
     is joined to the next tile along them (``UnarySpec.joined``): columns of a vector to
-    JOINED_COLUMN_BYTES, line-aligned alike, continued by a loop."""
+    JOINED_COLUMN_BYTES, continued by a loop, all a whole number of lines apart (shifted
+    alike) or each shifted on its own (below)."""
     itemsize = config.data_type.itemsize
     aligned = (ldb * itemsize) % LINE_BYTES == 0
     if not aligned:
@@ -323,7 +324,7 @@ def _joinable(config: Config, rows: int, ldb: int, transposed: bool) -> bool:
     return (
         transposed
         and LINE_BYTES <= rows * itemsize <= JOINED_COLUMN_BYTES
-        and (_continued(config, rows))
+        and _continued(config, rows)
     )
 
 
