@@ -460,6 +460,7 @@ def test_short_streamed_columns_join_the_next_tile(monkeypatch, subscripts, size
     assert nest.main is not None and nest.main.spec.trans_a
     assert nest.main.spec.joined is joined
     assert bool(nest.main.spec.joined and joined_loops(nest, nest.main)) is joined
+    assert ("joined to the next tile" in teir.compile(config, threads=2).explain()) is joined
     _check_permutation_at_every_offset(config, subscripts, size)
 
 

@@ -25,8 +25,8 @@ import numpy as np
 
 from teir.codegen.brgemm import choose_blocking, prefetched_lines
 from teir.codegen.irtext import Module
-from teir.codegen.nest import nest_function, nest_stack_bytes, prefetch_for
-from teir.codegen.specs import BrgemmSpec
+from teir.codegen.nest import joined_loops, nest_function, nest_stack_bytes, prefetch_for
+from teir.codegen.specs import BrgemmSpec, UnarySpec
 from teir.codegen.target import Target
 from teir.errors import ExecutionError, TeirError
 from teir.explain import explain as explain_config
@@ -225,6 +225,15 @@ class Operation:
                 text += f"; prefetches the next iteration's {tiles} ({amount}) into L2"
             if op.spec.stream_c:
                 text += "; stores C around the caches where it is vector-aligned or shifted"
+        elif isinstance(op.spec, UnarySpec) and op.spec.stream_b:
+            text += "; stores the output around the caches in whole lines"
+            chain = joined_loops(self.nest, op) if op.spec.joined else []
+            if chain:
+                axes = ", ".join(str(self.nest.loops[i].axis) for i in chain)
+                text += (
+                    f"; joined to the next tile along loop axis {axes} (the line their "
+                    "columns share stored once, whole, by the tile before it)"
+                )
         return text
 
     def __repr__(self) -> str:
