@@ -460,8 +460,19 @@ def test_short_streamed_columns_join_the_next_tile(monkeypatch, subscripts, size
     assert nest.main is not None and nest.main.spec.trans_a
     assert nest.main.spec.joined is joined
     assert bool(nest.main.spec.joined and joined_loops(nest, nest.main)) is joined
-    assert ("joined to the next tile" in teir.compile(config, threads=2).explain()) is joined
     _check_permutation_at_every_offset(config, subscripts, size)
+
+
+@pytest.mark.parametrize(
+    ("subscripts", "shape", "joined"),
+    [("ijkl->lkji", (48, 48, 48, 48), True), ("ij->ji", (2048, 2048), False)],
+)
+def test_explain_names_streamed_and_joined_copies(subscripts, shape, joined):
+    """A permutation in memory says that it stores around the caches, and whether and along
+    which loops its tiles are joined."""
+    text = teir.einsum_plan(subscripts, np.empty(shape), threads=2).explain()
+    assert "stores the output around the caches in whole lines" in text
+    assert ("joined to the next tile along loop axis" in text) is joined
 
 
 @pytest.mark.parametrize(
