@@ -53,11 +53,13 @@ def _tile_op_function(
         assert isinstance(spec, GenericSpec)
         generic_function(spec, module, kernel, linkage, attributes=inline)
     t = scalar_type(spec.itemsize)
-    following = ", ptr %next_in0, ptr %next_in1" if prefetch is not None else ""
-    joined = isinstance(spec, UnarySpec) and spec.joined
+    joined = _joined(op)
+    assert not (joined and (op.loops or prefetch is not None))
+    following = ""
     if joined:
-        assert not op.loops and prefetch is None
         following = ", ptr %next_in0, i64 %joins"
+    elif prefetch is not None:
+        following = ", ptr %next_in0, ptr %next_in1"
     f = FunctionBuilder(
         module,
         f"define internal void @{name}(ptr %in0, ptr %in1, ptr %out{following}) "

@@ -230,14 +230,14 @@ class _Transpose:
         -> 20 GB/s joined (64-byte-aligned arrays, with no shared lines: 21-23)."""
         f = self.f
         first = f.assign(f"icmp slt i64 {i0}, 0", "c")
-        bit = f.assign(f"select i1 {first}, i64 1, i64 2", "i")
-        joined = f.assign(f"and i64 %joins, {bit}", "i")
-        joined = f.assign(f"icmp ne i64 {joined}, 0", "c")
-        alone = f.assign(f"xor i1 {joined}, true", "c")
-        f.when(alone, lambda: self.masked_row_edge(i0, j0, cols))
-        last = f.assign(f"xor i1 {first}, true", "c")
-        completes = f.assign(f"and i1 {joined}, {last}", "c")
-        f.when(completes, lambda: self.completed_block(i0, j0, cols))
+        flag = f.assign(f"select i1 {first}, i64 {self.before}, i64 {self.after}", "i")
+        neighbour = f.assign(f"icmp ne i64 {flag}, 0", "c")
+
+        def shared() -> None:  # the first block's line is the tile before's to store
+            last = f.assign(f"xor i1 {first}, true", "c")
+            f.when(last, lambda: self.completed_block(i0, j0, cols))
+
+        f.when(neighbour, shared, lambda: self.masked_row_edge(i0, j0, cols))
 
     def completed_block(self, i0: Size, j0: Size, cols: int) -> None:
         """The last block of the row grid, its rows past m taken from the next tile's A
@@ -394,11 +394,11 @@ class _Transpose:
         spec, f = self.spec, self.f
         self.e.module.declare("smax.i64", "declare i64 @llvm.smax.i64(i64, i64)")
         self.e.module.declare("smin.i64", "declare i64 @llvm.smin.i64(i64, i64)")
+        if spec.joined:
+            self.before = f.assign("and i64 %joins, 1", "i")
+            self.after = f.assign("and i64 %joins, 2", "i")
         if self.shifts_columns():
             self.joined = spec.joined
-            if self.joined:
-                self.before = f.assign("and i64 %joins, 1", "i")
-                self.after = f.assign("and i64 %joins, 2", "i")
             self.shifted_columns()
             return
         # B's rows are shifted with masked first and last blocks, A's columns with clamped
@@ -606,17 +606,16 @@ class _ShiftedColumns:
         def whole() -> None:
             self.e.store(below, "%B", self.at(j0, jj, 0), lanes, streamed=True)
 
-        def part() -> None:
+        def masked() -> None:
             # lanes [shift, lanes) of the line-aligned vector holding the column's start
             low = f.assign(f"shl i64 -1, {self.shifts[jj]}", "m")
             self.masked_store(self.joined("zeroinitializer", below, jj), self.at(j0, jj, 0), low)
 
-        if self.t.joined:  # the tile before stores the line this column starts in
-            alone = f.assign(f"icmp eq i64 {self.t.before}, 0", "c")
-            part_alone = part
-
-            def part() -> None:
-                f.when(alone, part_alone)
+        def part() -> None:
+            if self.t.joined:  # a tile before this one stores the line the column starts in
+                f.when(f.assign(f"icmp eq i64 {self.t.before}, 0", "c"), masked)
+            else:
+                masked()
 
         f.when(on_line, whole, part)
 

@@ -262,7 +262,7 @@ LONG_COLUMN_BYTES = 512
 JOINED_COLUMN_BYTES = 1024
 
 
-def _streams_copy(config: Config, rows: int, ldb: int, transposed: bool) -> bool:
+def _streams_copy(config: Config, rows: int, ldb: int, transposed: bool, joinable: bool) -> bool:
     """Whether a Copy/ReLU whose tile has columns of ``rows`` elements, ``ldb`` apart (read
     from in0 ``transposed`` or not), should store its output around the caches (measured on
     the permutation suite, 2 cores):
@@ -286,7 +286,7 @@ def _streams_copy(config: Config, rows: int, ldb: int, transposed: bool) -> bool
       of lines apart): regular stores there are scattered over partial lines, each read for
       ownership (ijk->kji 97x301x257 FP32: 3.8 -> 7.3 GB/s, ijkl->ljki 37x41x43x47: 2.8 ->
       8.5; on 32-byte vectors the kernel shifts nothing and streams only aligned vectors).
-    - transposed columns that the kernel joins to the next tile's (``_joinable``) stream
+    - transposed columns that the kernel joins to the next tile's (``joinable``) stream
       whatever their length and whichever loop continues them: only the two ends of the
       run of joined tiles are stored normally (2 threads, NumPy's arrays: ijklm->mlkji 24^5
       FP32, 96-byte columns, 24 -> 31 GB/s; abcde->ebdca 20x30x24x16x40 FP64 22 -> 32-41,
@@ -299,7 +299,7 @@ def _streams_copy(config: Config, rows: int, ldb: int, transposed: bool) -> bool
     prims = s.prim_axes
     loops = [a for a in range(len(s.dim_types)) if a not in prims and s.dim_sizes[a] > 1]
     continued = bool(loops) and abs(s.strides(Tensor.OUT)[loops[-1]]) == rows
-    if _joinable(config, rows, ldb, transposed):
+    if joinable:
         return copy_outgrows_cache(prod(s.dim_sizes), config.data_type.itemsize)
     return streams_columns(
         rows, ldb, transposed, continued, prod(s.dim_sizes), config.data_type.itemsize
@@ -454,8 +454,9 @@ def unary_op(config: Config, op: UnaryOp, in_place: bool) -> TileOp:
             return _generic(config, generic_op, axes, "in0 has no unit stride in the tile")
     if ldb == 0 or (reads and lda == 0):
         return _generic(config, generic_op, axes, "a zero stride (broadcast) in the tile")
-    stream_b = reads and _streams_copy(config, m, ldb, trans_a)
-    joined = stream_b and not loops and _joinable(config, m, ldb, trans_a)
+    joinable = reads and _joinable(config, m, ldb, trans_a)
+    stream_b = reads and _streams_copy(config, m, ldb, trans_a, joinable)
+    joined = stream_b and joinable and not loops
     try:
         spec = UnarySpec(
             dtype,
