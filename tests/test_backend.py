@@ -477,6 +477,30 @@ def test_resident_outputs_beyond_the_l3_share_are_streamed_in_longer_rows(monkey
         np.testing.assert_allclose(out.reshape(48, 1024).T, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_resident_outer_products_stay_in_cache_up_to_more_shares(monkeypatch):
+    """A resident output of a product summing nothing (K 1) is stored normally up to
+    ``PRODUCT_RESIDENT_SHARES`` L3 shares, where the last level keeps it from one call to
+    the next; summed over K, the same output streams beyond two shares."""
+    import teir.lower.tiles as tiles
+    from teir.lower.nest import lower
+
+    out_bytes = 1024 * 48 * 4
+    share = out_bytes // 3  # beyond two shares, within four
+    monkeypatch.setattr(tiles, "l3_share", lambda: share)
+
+    def stream_c(k: int, resident: bool) -> bool:
+        config = teir.optimize(_zero_gemm(1024, 48, k), threads=1, resident_output=resident)
+        nest = lower(config, resident_output=resident)
+        assert nest.main_zero is not None
+        return nest.main_zero.spec.stream_c
+
+    assert not stream_c(1, True)
+    assert stream_c(2, True)
+    assert not stream_c(1, False) and not stream_c(2, False)  # fresh memory: never
+    monkeypatch.setattr(tiles, "l3_share", lambda: out_bytes // 5)
+    assert stream_c(1, True)
+
+
 def test_aligned_empty():
     for shape in ((3, 5), (0,), (7,)):
         for dtype in (np.float32, np.float64):

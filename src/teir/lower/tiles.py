@@ -206,7 +206,10 @@ def _streams_output(config: Config, resident: bool) -> bool:
       outputs of 128 MiB on 2 threads, K 1 4.3 -> 3.3 ms, K 8 6.0 -> 3.4 ms, K 40 22 -> 15
       ms, K 128 31 -> 25 ms; GETD's 95 MiB FP32 intermediate (K 40) 40 -> 7 ms. A fresh
       allocation is not resident: its pages arrive zeroed through the caches, and streaming
-      past them doubles the writes (the same outputs as new arrays: 12 -> 24-26 ms), or
+      past them doubles the writes (the same outputs as new arrays: 12 -> 24-26 ms). A
+      product summing nothing (K 1: an outer product) writes its output at the store rate,
+      and the last level keeps more of it from one call to the next than the share: it
+      streams beyond ``PRODUCT_RESIDENT_SHARES`` shares (below), or
     - summed over at least ``STREAM_LEAST_DEPTH`` K steps per element, and at least a
       quarter of what the contraction reads and writes, all of which takes more than half
       the last level (shared with the other cores): there the stores' line reads
@@ -223,14 +226,15 @@ def _streams_output(config: Config, resident: bool) -> bool:
     itemsize = config.data_type.itemsize
     if output_outgrows_cache(elements, itemsize):
         return True
-    if resident and output_outgrows_share(elements, itemsize):
+    depth = prod(size for size, t in zip(s.dim_sizes, s.dim_types) if t is DimType.K)
+    shares = PRODUCT_RESIDENT_SHARES if depth == 1 else 2
+    if resident and output_outgrows_share(elements, itemsize, shares):
         return True
     read = sum(
         prod(size for size, stride in zip(s.dim_sizes, s.strides(tensor)) if stride)
         for tensor in (Tensor.IN0, Tensor.IN1)
     )
     moved = (read + elements) * itemsize
-    depth = prod(size for size, t in zip(s.dim_sizes, s.dim_types) if t is DimType.K)
     return (
         depth >= STREAM_LEAST_DEPTH
         and elements * itemsize * 4 >= moved
@@ -238,11 +242,20 @@ def _streams_output(config: Config, resident: bool) -> bool:
     )
 
 
-def output_outgrows_share(elements: int, itemsize: int) -> bool:
-    """Whether an output of ``elements`` is more than twice this process's share of the last
-    level (``l3_share``): a VM's few CPUs see the socket's L3 (480 MiB on the Xeon) but
-    find data beyond a few tens of MiB in memory."""
-    return elements * itemsize > 2 * l3_share()
+# A resident output of a product summing nothing streams beyond this many L3 shares: Zen 4
+# (32 MiB L3, 12 MiB share), 2 threads, alternating processes, into an out, in the machine's
+# two memory phases: i,j->ij FP64 2048² (32 MiB) 1.18 -> 0.42 and 0.60 -> 0.31 ms stored
+# normally, 2400² (44 MiB) 1.62 -> 0.77-0.82 and 0.82 -> 0.47 ms; FP32 2896² (32 MiB) 1.18 ->
+# 0.29 ms. Summing over K 2 to 8 (2048² FP64) gains in one phase what it loses in the other,
+# and K 40 loses the longer row blocks (primitive.py) that streamed outputs get (3.3 -> 3.8 ms)
+PRODUCT_RESIDENT_SHARES = 4
+
+
+def output_outgrows_share(elements: int, itemsize: int, shares: int = 2) -> bool:
+    """Whether an output of ``elements`` is more than ``shares`` times this process's share
+    of the last level (``l3_share``): a VM's few CPUs see the socket's L3 (480 MiB on the
+    Xeon) but find data beyond a few tens of MiB in memory."""
+    return elements * itemsize > shares * l3_share()
 
 
 def output_outgrows_cache(elements: int, itemsize: int) -> bool:
