@@ -476,23 +476,23 @@ def test_explain_names_streamed_and_joined_copies(subscripts, shape, joined):
 
 
 @pytest.mark.parametrize(
-    ("subscripts", "dtype", "runs"),
+    ("subscripts", "dtype", "size", "runs"),
     [
-        ("ijkl->ljki", "FP32", True),  # rows of A along k follow each other in memory
-        ("ijklm->ikmjl", "FP64", True),  # along l
-        ("ijkl->lkji", "FP32", False),  # scattered along both i and j
+        ("ijkl->ljki", "FP32", 16, True),  # rows of A along k follow each other in memory
+        ("ijklm->ikmjl", "FP64", 8, True),  # along l
+        ("ijkl->lkji", "FP32", 16, False),  # scattered along both i and j
+        ("ijkl->ljki", "FP64", 32, False),  # rows of 256 bytes: tiles of their own, joined
     ],
 )
-def test_short_transposed_rows_join_the_next_axis(monkeypatch, subscripts, dtype, runs):
-    """A transpose between buffers in memory whose output rows are short takes the axis that
-    continues them in the output into the tile, so that the kernel stores long columns and
-    reads in0 in runs of rows, where those runs follow each other in in0; results equal
-    NumPy's at every offset of the output from a line."""
+def test_short_transposed_rows_join_the_next_axis(monkeypatch, subscripts, dtype, size, runs):
+    """A transpose between buffers in memory whose output rows are short (below
+    ``RUNS_ROW_BYTES``) takes the axis that continues them in the output into the tile, so
+    that the kernel stores long columns and reads in0 in runs of rows, where those runs follow
+    each other in in0; results equal NumPy's at every offset of the output from a line."""
     import teir.lower.tiles as tiles
     from teir.lower.nest import lower
 
     monkeypatch.setattr(tiles, "cache_sizes", lambda: {"L1": 1024, "L2": 2048, "L3": 4096})
-    size = 16 if dtype == "FP32" else 8
     config, log = teir.optimize_with_log(_permutation(subscripts, size, dtype), threads=2)
     main = lower(config).main
     assert main is not None and main.spec.trans_a

@@ -15,7 +15,6 @@ from teir.codegen.target import Target, cache_sizes
 from teir.ir import DimType, ExecType, PrimFirst, Primitives, PrimLast, PrimMain, Tensor
 from teir.lower.panels import A_SPREAD_BYTES, panel_leading_bytes, panel_limit_bytes
 from teir.lower.tiles import (
-    LONG_COLUMN_BYTES,
     contraction_op,
     copy_outgrows_cache,
     output_outgrows_cache,
@@ -60,6 +59,15 @@ REDUCTION_RUN_BYTES = 8 * 1024
 # two, so that a thread finishing early finds another. A parallel call costs about a
 # microsecond: 64^3 FP32 on 2 threads 5.6 -> 4.9 us, 80^3 9.9 -> 7.1 (48^3 would lose,
 # 2.9 -> 3.7); the run time's estimate (MIN_SECONDS_PER_THREAD) decides the same way.
+# A transposed tile's row (out's unit stride) shorter than this takes the axis continuing it
+# into the tile (``_copy_tile``'s runs). Longer ones gain more as tiles of their own, whose
+# columns the kernel joins to the next tile's where they share a line: 2 threads, NumPy's
+# arrays, alternating processes, best of 3: ijkl->ljki 48^4 FP64 (384-byte rows) 30 -> 39
+# GB/s; twelve random 4-D permutations of 256- to 511-byte rows, geometric mean 1.19x
+# (0.88-1.99x: 24 -> 35, 28 -> 38, 35 -> 44 GB/s; 54 -> 47 at worst). Shorter rows gain from the
+# runs: ijklm->ikmjl 24^5 FP64 (192 bytes) 27-29 -> 38-40, abcd->dacb 43x19x77x75 FP32 (76
+# bytes) 27-31 -> 54 (twelve random ones of 64-255 bytes: mixed, 0.6-2x either way).
+RUNS_ROW_BYTES = 256
 SHARED_FLOPS = 400_000
 BALANCED_FLOPS = 4_000_000
 
@@ -519,8 +527,10 @@ def unary(problem: Problem) -> tuple[Problem, str]:
     # With NumPy's 16-byte offsets on both arrays (2 threads): ijkl->ljki 48^4 FP32 22 -> 31
     # GB/s, ijklm->ikmjl 24^5 29 -> 34, abcd->dacb 40x30x20x300 37 -> 81; onto an aligned
     # output, whose short rows already filled whole lines, ikmjl FP64 loses (50 -> 43).
+    # Rows of RUNS_ROW_BYTES or more are left to tiles of their own, joined to the next
+    # (UnarySpec.joined) where they share a line.
     runs = None
-    if transposed and in_memory and row.size * itemsize < LONG_COLUMN_BYTES:
+    if transposed and in_memory and row.size * itemsize < RUNS_ROW_BYTES:
         runs = _continuing(candidates, row, column)
     sized: list[tuple[Axis | None, tuple[int, int, int, int] | None]] = [
         (row, transpose_tiles[True] if transposed else None),
