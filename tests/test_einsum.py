@@ -1078,6 +1078,31 @@ def test_reductions_whose_output_tiles_split_unevenly_are_shared_instead(dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_small_results_whose_tiles_are_narrowed_for_threads_cut_k_instead(dtype, monkeypatch):
+    """A 24 x 96 result summed over a long K is one tile for one thread; two threads would
+    get tiles of a few columns, each reading all of in0 again, which (with this process's
+    L3 share made small) lies beyond the caches: K is cut between the threads instead. Where
+    one thread's schedule reads in0 as often (a loop over f, an output label in0 lacks, with
+    one tile per f), the plan stays. Results equal NumPy's exactly (small integers)."""
+    import teir.frontend.split_reduction as split_reduction
+
+    monkeypatch.setattr(split_reduction, "l3_share", lambda: 256 << 10)
+    monkeypatch.setattr(split_reduction, "SPLIT_IDLE_SECONDS", 0.0)
+    rng = np.random.default_rng(9)
+    a = rng.integers(-3, 4, (8, 24, 8, 101)).astype(dtype)
+    b = rng.integers(-3, 4, (8, 8, 101, 96)).astype(dtype)
+    plan = teir.einsum_plan("kbhd,khdg->bg", a, b, threads=2)
+    assert plan.split is not None and plan.split.label in "khd"
+    assert "narrower tiles than one thread takes" in plan.explain()
+    expected = np.einsum("kbhd,khdg->bg", a.astype(np.int64), b.astype(np.int64))
+    np.testing.assert_array_equal(teir.einsum("kbhd,khdg->bg", a, b, threads=2), expected)
+    assert teir.einsum_plan("kbhd,khdg->bg", a, b, threads=1).split is None
+    c = rng.integers(-3, 4, (203, 97, 100)).astype(dtype)
+    d = rng.integers(-3, 4, (8, 203, 64, 97)).astype(dtype)
+    assert teir.einsum_plan("dcj,fdic->jfi", c, d, threads=2).split is None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize(
     "subscripts, shapes, threads, rest",
     [

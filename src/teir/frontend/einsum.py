@@ -57,6 +57,7 @@ from teir.frontend.split_reduction import (
     chain_length,
     chain_too_long,
     plan_split,
+    rereading,
     rest_views,
     short_rows,
     split_views,
@@ -301,7 +302,12 @@ def _plan(
     one_thread = bool(plan.regions) and all(len(r.operation.slices) == 1 for r in plan.regions)
     if split and plan.canonical is None and not any(plan.reductions):
         chain = chain_length(plan)
-        idle = one_thread or short_rows(plan, threads) or unbalanced(plan, threads)
+        idle = (
+            one_thread
+            or short_rows(plan, threads)
+            or unbalanced(plan, threads)
+            or rereading(plan, threads)
+        )
         if chain_too_long(chain, arrays[0].itemsize) or idle:
             plan.split = plan_split(parsed, arrays, threads, chain)
     _cache(key, (plan, direct, direct_call(plan, inputs, arrays, out, accumulate, relu)))

@@ -262,8 +262,9 @@ class Plan:
                 f"which adds {self.split.chain} times in a row into each output element, "
                 "and rounding error grows with that"
                 if self.split.chain
-                else "one thread, threads sharing short rows of a matrix, or threads idle "
-                "in uneven shares"
+                else "one thread, threads sharing short rows of a matrix, threads idle "
+                "in uneven shares, or threads given narrower tiles than one thread takes, "
+                "each reading an input from memory again"
             )
             each = "" if self.split.chain else ", one per thread,"
             lines.append(
