@@ -185,13 +185,14 @@ def rereading(plan: Any, threads: int) -> bool:
     :func:`unbalanced` takes it) narrower than one thread would take, so that an input larger
     than this process's share of the last level (``l3_share``) is read from memory again for
     each of them: cut along K instead, each thread reads its part of both inputs once, in
-    tiles as wide as the result. 2 threads, alternating processes: FP32 kbhd,khdg->bg (24 x
-    96 summed over 204800; in0, 20 MB, read for each of 4 tiles of 24 columns where one
-    thread takes one tile) 11.5-18 -> 6.2-8.6 ms, FP64 dfjh,jhfg->dg 29.9 -> 25.1 ms, FP32
-    laig,lafg->if 28.9 -> 25.0 ms, FP64 lhk,hil->ki 16.7-17.2 -> 14.3-14.7 ms; three others
-    6-9 % slower (FP32 keli,elic->ck, eli,cei->cl, ghbc,hbic->gi). Where one thread reads the
-    input as often (its own loops over output labels: dcj,fdic->jfi, 8 tiles of f), a cut
-    rereads it alike and lost 5-17 % in random einsums."""
+    tiles as wide as the result. 2 threads, alternating processes, best of 4: FP32
+    kbhd,khdg->bg (24 x 96 summed over 204800; in0, 20 MB, read for each of 4 tiles of 24
+    columns where one thread takes one tile) 13.2 -> 6.5 ms, FP64 lhk,hil->ki 17.0 -> 14.4
+    ms; ten random small-result einsums this rule flips 1.00x by geometric mean (0.85-1.18x:
+    FP64 dfjh,jhfg->dg 28.1 -> 23.9 ms, jdlk,gkj->gdl 1.7 -> 2.0 ms). Where one thread reads
+    the input as often (its own loops over output labels: dcj,fdic->jfi, 8 tiles of f), a
+    cut reads it alike: without this comparison the rule flipped 18 of 40 random einsums,
+    nine of them 5-17 % slower."""
     if threads < 2 or not plan.regions or plan.operation is None:
         return False
     operation = plan.regions[0].operation  # the main region (a thin rest may follow)

@@ -55,19 +55,19 @@ MATVEC_K = 8
 MATVEC_L2_PART = 8
 # The output's block (the unit-stride C axis) that a summed elementwise product keeps in L1.
 REDUCTION_RUN_BYTES = 8 * 1024
+# A transposed tile's row (out's unit stride) shorter than this takes the axis continuing it
+# into the tile (``unary``'s runs). Longer ones gain more as tiles of their own, whose
+# columns the kernel joins to the next tile's where they share a line: 2 threads, NumPy's
+# arrays, alternating processes, best of 3: ijkl->ljki 48^4 FP64 (384-byte rows) 30 -> 39
+# GB/s; twelve random 4-D permutations of 256- to 511-byte rows, geometric mean 1.19x
+# (0.88-1.99x: 24 -> 35, 28 -> 38, 35 -> 44 GB/s; 54 -> 47 at worst). Shorter rows gain
+# from the runs: ijklm->ikmjl 24^5 FP64 (192 bytes) 27-29 -> 38-40, abcd->dacb 43x19x77x75
+# FP32 (76 bytes) 27-31 -> 54 (twelve random ones of 64-255 bytes: mixed, 0.6-2x either way).
+RUNS_ROW_BYTES = 256
 # A contraction of at least SHARED_FLOPS gets a tile per thread, of more than BALANCED_FLOPS
 # two, so that a thread finishing early finds another. A parallel call costs about a
 # microsecond: 64^3 FP32 on 2 threads 5.6 -> 4.9 us, 80^3 9.9 -> 7.1 (48^3 would lose,
 # 2.9 -> 3.7); the run time's estimate (MIN_SECONDS_PER_THREAD) decides the same way.
-# A transposed tile's row (out's unit stride) shorter than this takes the axis continuing it
-# into the tile (``_copy_tile``'s runs). Longer ones gain more as tiles of their own, whose
-# columns the kernel joins to the next tile's where they share a line: 2 threads, NumPy's
-# arrays, alternating processes, best of 3: ijkl->ljki 48^4 FP64 (384-byte rows) 30 -> 39
-# GB/s; twelve random 4-D permutations of 256- to 511-byte rows, geometric mean 1.19x
-# (0.88-1.99x: 24 -> 35, 28 -> 38, 35 -> 44 GB/s; 54 -> 47 at worst). Shorter rows gain from the
-# runs: ijklm->ikmjl 24^5 FP64 (192 bytes) 27-29 -> 38-40, abcd->dacb 43x19x77x75 FP32 (76
-# bytes) 27-31 -> 54 (twelve random ones of 64-255 bytes: mixed, 0.6-2x either way).
-RUNS_ROW_BYTES = 256
 SHARED_FLOPS = 400_000
 BALANCED_FLOPS = 4_000_000
 
