@@ -3,6 +3,8 @@ runs on the addresses alone, and everything a cache key does not fix is still ch
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -88,6 +90,26 @@ def test_data_address_reads_the_array_object():
     for array in (base, base[2:, 3:], base.T, base[::2], np.zeros(()), np.empty(0)):
         assert data_address(array) == _interface_address(array)
     assert data_address(base[1:]) == base.ctypes.data + 32
+
+
+def test_flags_read_from_the_array_object_match_numpys():
+    """The contiguity, writability and alignment bits read from the array object equal
+    what ``array.flags`` reports, on views that differ in each (where this interpreter's
+    layout checked out at import)."""
+    from teir.kernels import arrays
+
+    reader = arrays._flags_reader
+    if reader is None:  # CPython lays NumPy's array object out as the reader expects
+        assert sys.implementation.name != "cpython"
+        pytest.skip("the array object's flags field did not check out here")
+    base = np.zeros((8, 8), np.float64)
+    frozen = base.copy()
+    frozen.setflags(write=False)
+    views = [base, base.T, base[:, 1:], base[::2], base[1:], frozen, frozen.T[2:], np.empty(0)]
+    views.append(np.frombuffer(bytearray(70), np.float64, 8, 3))  # unaligned, read-only
+    views.append(np.ndarray((4,), np.float32, bytearray(21), offset=1))  # unaligned, writable
+    for view in views:
+        assert reader(view) & arrays._CHECKED_FLAGS == arrays._flag_bits(view)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
