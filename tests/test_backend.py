@@ -287,6 +287,61 @@ def test_small_work_runs_on_the_calling_thread():
     assert "too little work" in op.explain()
 
 
+@pytest.mark.parametrize(("threads", "blocks", "tile"), [(1, 4, 16), (2, 8, 64)])
+def test_repeated_calls_run_natively_and_still_check_everything(threads, blocks, tile):
+    """After a first call whose arguments pass the checks, calls with arrays of the same
+    layouts are checked and run in one native call (``Operation._checked``, on this thread
+    or handing slices to the pool); arrays of other layouts, read-only or overlapping
+    outputs, wrong dtypes and missing inputs still go through the Python checks and raise
+    as before, and results stay right."""
+    rows = blocks * tile
+    config = teir.Config(
+        data_type="FP64",
+        prim_first="Zero",
+        prim_main="GEMM",
+        dim_types=["M", "M", "N", "K"],
+        exec_types=["shared", "prim", "prim", "prim"],
+        dim_sizes=[blocks, tile, tile, tile],
+        strides_in0=[tile, 1, 0, rows],
+        strides_in1=[0, 0, tile, 1],
+        strides_out=[tile, 1, rows, 0],
+    )
+    op = teir.compile(config, threads=threads)
+    assert len(op.slices) == threads
+    rng = np.random.default_rng(5)
+    size_a, size_b = rows * tile, tile * tile
+
+    def expected(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        result = np.zeros(size_a)
+        teir.reference.execute(config, a, b, result)
+        return result
+
+    a, b = rng.standard_normal(size_a), rng.standard_normal(size_b)
+    out = np.empty(size_a)
+    op(a, b, out)
+    assert op._checked is not None
+    for _ in range(3):  # new values in the same arrays, and new arrays of the same layouts
+        a[:] = rng.standard_normal(size_a)
+        op(a, b, out)
+        np.testing.assert_allclose(out, expected(a, b), rtol=1e-12, atol=1e-12)
+        a, b, out = a.copy(), rng.standard_normal(size_b), np.empty(size_a)
+        op(a, b, out)
+        np.testing.assert_allclose(out, expected(a, b), rtol=1e-12, atol=1e-12)
+    longer = np.zeros(2 * size_a)  # another layout: the Python path, whose checks it passes
+    op(a, b, longer)
+    np.testing.assert_allclose(longer[:size_a], expected(a, b), rtol=1e-12, atol=1e-12)
+    frozen = np.empty(size_a)
+    frozen.setflags(write=False)
+    with pytest.raises(teir.ExecutionError, match="read-only"):
+        op(a, b, frozen)
+    with pytest.raises(teir.ExecutionError, match="overlaps"):
+        op(a, b, a)
+    with pytest.raises(teir.ExecutionError, match="dtype"):
+        op(a.astype(np.float32), b, out)
+    with pytest.raises(teir.ExecutionError, match="None"):
+        op(a, None, out)
+
+
 def test_explain_reports_kernels_and_split():
     config = teir.load(EXAMPLES / "lab2_brgemm.json").replace(
         exec_types=["shared", "shared", "prim", "prim", "prim", "prim"]

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from teir.codegen.brgemm import choose_blocking, prefetched_lines
+from teir.codegen.checked_call import DONE, FALLBACK
 from teir.codegen.irtext import Module
 from teir.codegen.nest import joined_loops, nest_function, nest_stack_bytes, prefetch_for
 from teir.codegen.specs import BrgemmSpec, UnarySpec
@@ -94,6 +95,10 @@ class Operation:
         # the packed panel's and the kernels' packing buffers, which the calling thread's
         # stack must have room for
         self.stack_bytes = nest_stack_bytes(nest, target)
+        # the native checked call for the layouts of the first NumPy arguments that pass
+        # the checks (``_checked_for``); tried once
+        self._checked: Any = None
+        self._checked_tried = False
 
     def _generate(self, prefix: str) -> str:
         module = Module()
@@ -130,7 +135,38 @@ class Operation:
         address = checked_address(name, array, self._dtype, self._extents[index], index == 2)
         return address, array.nbytes
 
+    def _native_arguments(self, tensors: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """The arguments of a checked call (in0, [in1,] out), or None where it takes none of
+        these: an operation without in0, or a unary one given an in1 all the same."""
+        in0, in1, out = tensors
+        if self._uses[1]:
+            return tensors if self._uses[0] else None
+        return (in0, out) if self._uses[0] and in1 is None else None
+
+    def _checked_for(self, tensors: tuple[Any, ...]) -> None:
+        """Make the checked call for the layouts of these arguments, which passed the Python
+        checks: later calls with arrays of the same layouts are checked and run in one
+        native call (a 32^3 GEMM: 4.2 -> 1.6 us a call; the nest alone 1.5)."""
+        arguments = self._native_arguments(tensors)
+        if arguments is None or any(type(a) is not np.ndarray for a in arguments):
+            return  # (tensors that export DLPack: tried again with NumPy arrays)
+        self._checked_tried = True
+        from teir.runtime.checked_call import ArrayLayout, checked_call  # imports this module
+
+        layouts = [ArrayLayout(a.shape, a.strides) for a in arguments[:-1]]
+        out = arguments[-1]
+        self._checked = checked_call(self, [*layouts, ArrayLayout(out.shape, out.strides, True)])
+
     def __call__(self, *tensors: Any, **named: Any) -> None:
+        checked = self._checked
+        if checked is not None and not named and len(tensors) == 3:
+            arguments = self._native_arguments(tensors)
+            if arguments is not None:
+                code = checked.call(*arguments)
+                if code != FALLBACK:
+                    if code != DONE:
+                        checked.finish(code, *arguments)
+                    return
         if named:
             tensors = _by_name(tensors, named)
         if len(tensors) != 3:
@@ -146,6 +182,8 @@ class Operation:
             name = "in0" if n0 and overlaps(po, no, p0, n0) else "in1"
             raise ExecutionError(f"out overlaps {name} in memory; pass a separate output array")
         self.run_addresses(p0, p1, po)
+        if not self._checked_tried:
+            self._checked_for((in0, in1, out))
 
     def run_addresses(self, in0: int, in1: int, out: int) -> None:
         """Run on element-buffer addresses (0 for unused inputs). Nothing is checked: the
