@@ -309,11 +309,11 @@ def _streams_copy(config: Config, rows: int, ldb: int, transposed: bool, joinabl
     if config.prim_last is not PrimLast.NONE:
         return False
     s = config.schedule
+    if joinable:
+        return copy_outgrows_cache(prod(s.dim_sizes), config.data_type.itemsize)
     prims = s.prim_axes
     loops = [a for a in range(len(s.dim_types)) if a not in prims and s.dim_sizes[a] > 1]
     continued = bool(loops) and abs(s.strides(Tensor.OUT)[loops[-1]]) == rows
-    if joinable:
-        return copy_outgrows_cache(prod(s.dim_sizes), config.data_type.itemsize)
     return streams_columns(
         rows, ldb, transposed, continued, prod(s.dim_sizes), config.data_type.itemsize
     )
