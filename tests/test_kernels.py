@@ -1191,3 +1191,117 @@ def test_an_element_loop_of_unit_strides_is_kept_whole_for_the_vectorizer(dtype)
             assert ("llvm.loop.unroll.disable" in module.text()) is unit
             teir.einsum(subscripts, a, b, out=out, threads=1)
             np.testing.assert_allclose(out, np.einsum(subscripts, a, b), rtol=1e-6)
+
+
+def _prefetched_addresses(
+    spec: BrgemmSpec, prefetch=None, shifts: tuple[int, int] = (0, 0)
+) -> tuple[list[int], dict]:
+    """Compile ``spec``'s kernel with every ``@llvm.prefetch`` turned into a call that
+    records its address, run it (A and the next call's A ``shifts`` bytes past a line
+    boundary), check its result and return the recorded addresses and the operands' byte
+    ranges."""
+    import ctypes
+
+    import llvmlite.binding as llvm
+
+    from teir.codegen.brgemm import Prefetch, brgemm_function
+    from teir.kernels import jit
+
+    recorded: list[int] = []
+    callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda address: recorded.append(address))
+    name = f"record_prefetch_{id(callback)}"
+    llvm.add_symbol(name, ctypes.cast(callback, ctypes.c_void_p).value)
+    module = Module()
+    brgemm_function(spec, HOST, module, "kernel", prefetch=prefetch or Prefetch(False, False))
+    text = module.text().replace("call void @llvm.prefetch.p0(", f"call void @{name}(")
+    text = text.replace(", i32 0, i32 2, i32 1)", ")").replace(", i32 0, i32 3, i32 1)", ")")
+    text += f"\ndeclare void @{name}(ptr)\n"
+    assert "@llvm.prefetch" not in text.split("declare void @llvm.prefetch")[0]
+    kernel_name = f"prefetching_{id(callback)}"
+    text = text.replace("@kernel(", f"@{kernel_name}(")
+    address = jit.load_object(jit.compile_object(text, HOST), [kernel_name])[kernel_name]
+    dtype = np.float32 if spec.dtype == "f32" else np.float64
+    rng = np.random.default_rng(0)
+
+    def values(extent: int, shift: int) -> np.ndarray:
+        """``extent`` random values starting ``shift`` bytes past a 64-byte boundary."""
+        room = np.empty(extent + 64, dtype)
+        first = ((shift - room.ctypes.data) % 64) // room.itemsize
+        array = room[first : first + extent]
+        array[:] = rng.uniform(-1, 1, extent)
+        return array
+
+    a = values(spec.extent_a(), shifts[0])
+    b = values(spec.extent_b(), 0)
+    c = np.zeros(spec.extent_c(), dtype)
+    nxt = values(spec.extent_a(), shifts[1])  # the "next call's" A
+    function = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 5)(address)
+    function(a.ctypes.data, b.ctypes.data, c.ctypes.data, nxt.ctypes.data, b.ctypes.data)
+    ranges = {
+        name: (array.ctypes.data, array.ctypes.data + array.nbytes)
+        for name, array in (("A", a), ("B", b), ("next A", nxt))
+    }
+    # the kernel's result is unchanged by the recording calls
+    expected = np.zeros((spec.m, spec.n))
+    for i in range(spec.batch):
+        if spec.trans_a:
+            ai = view(a, i * spec.stride_a, spec.m, spec.k, spec.lda, 1)
+        else:
+            ai = view(a, i * spec.stride_a, spec.m, spec.k, 1, spec.lda)
+        bi = view(b, i * spec.stride_b, spec.k, spec.n, 1, spec.ldb)
+        expected = expected + ai.astype(np.float64) @ bi.astype(np.float64)
+    got = view(c, 0, spec.m, spec.n, 1, spec.ldc)
+    tolerance = 1e-3 if dtype is np.float32 else 1e-10  # sums of 600-1000 products of 1 or less
+    np.testing.assert_allclose(got, expected, rtol=0, atol=tolerance)
+    return recorded, ranges
+
+
+def _a_lines(spec: BrgemmSpec, start: int, elements: range) -> set[int]:
+    """The cache lines of batch elements ``elements`` of A (A starting at byte ``start``)."""
+    size = np.dtype(np.float32 if spec.dtype == "f32" else np.float64).itemsize
+    rows, length = (spec.m, spec.k) if spec.trans_a else (spec.k, spec.m)
+    lines = set()
+    for element in elements:
+        for row in range(rows):
+            first = start + (element * spec.stride_a + row * spec.lda) * size
+            lines.update(range(first // 64, (first + length * size - 1) // 64 + 1))
+    return lines
+
+
+@pytest.mark.parametrize(
+    ("dtype", "m", "k", "batch", "trans_a", "lda"),
+    [
+        ("f64", 64, 100, 10, False, 1601),  # ik,kj->ij 97 x 1601 x 1000's kernel
+        ("f64", 40, 100, 6, False, 1601),  # runs of 320 bytes: 5 lines, or 6 unaligned
+        ("f32", 64, 100, 6, False, 1601),
+        ("f64", 64, 100, 10, True, 1000),  # A stored transposed: its rows along K
+    ],
+)
+def test_packing_sweeps_prefetch_the_next_chunks_rows(dtype, m, k, batch, trans_a, lda):
+    """A kernel that packs A from rows pages apart, chunk after chunk of its batch, prefetches
+    every line of the next chunk's rows while it computes on this one, and after the last
+    chunk those of the next call's first (where the nest passes the next call's A): the
+    hardware prefetchers do not follow rows pages apart, and the packing waited on memory
+    row after row (``ik,kj->ij`` 97 x 1601 x 1000 FP64, one thread: 47-48 -> 52-53
+    GFLOP/s). No prefetch leaves the operands."""
+    from teir.codegen.brgemm import Prefetch
+
+    stride_a = lda * (m if trans_a else k)
+    spec = BrgemmSpec(dtype, m, 97, k, batch, trans_a, False, lda, k, m, stride_a, k * 97)
+    blocking = choose_blocking(spec, HOST)
+    assert blocking.pack_a and blocking.chunk < batch, blocking
+    for prefetch, shifts in itertools.product((None, Prefetch(True, False)), ((0, 8), (48, 0))):
+        recorded, ranges = _prefetched_addresses(spec, prefetch, shifts)
+        lines = {address // 64 for address in recorded}
+        for address in recorded:
+            assert any(low <= address < high for low, high in ranges.values()), hex(address)
+        # every chunk but the first was prefetched before it was packed
+        later = _a_lines(spec, ranges["A"][0], range(blocking.chunk, batch))
+        assert later <= lines, f"{len(later - lines)} of {len(later)} lines not prefetched"
+        next_first = _a_lines(spec, ranges["next A"][0], range(blocking.chunk))
+        if prefetch is None:
+            assert not any(
+                ranges["next A"][0] <= address < ranges["next A"][1] for address in recorded
+            )
+        else:
+            assert next_first <= lines, f"{len(next_first - lines)} of {len(next_first)}"

@@ -19,6 +19,7 @@ of the blocks' K loops.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from teir.codegen.irtext import (
@@ -146,6 +147,26 @@ def prefetched_lines(
     if prefetch is None or blocking.k_piece:
         return 0, 0
     return prefetch_lines(spec, prefetch)
+
+
+@dataclass(frozen=True)
+class _ChunkAhead:
+    """The part of A the next chunk of the batch packs: ``runs`` runs of ``run_bytes``
+    contiguous bytes, ``per_element`` of them ``run_stride`` elements apart in each batch
+    element, the elements ``element_stride`` apart, from ``base``; ``lines``: the most cache
+    lines one run touches."""
+
+    base: str
+    runs: int
+    per_element: int
+    run_stride: int
+    element_stride: int
+    run_bytes: int
+
+    @property
+    def lines(self) -> int:
+        # from the last byte of a line, a run's last byte lies run_bytes - 1 further
+        return (LINE_BYTES - 1 + self.run_bytes - 1) // LINE_BYTES + 1
 
 
 @dataclass(frozen=True)
@@ -560,8 +581,9 @@ class _Emitter:
         self.spec = spec
         self.b = blocking
         self.prefetch = prefetch
-        # the next call's lines a register block spreads over its K loop (``prefetch_next``)
-        self.pending_prefetch: list[tuple[str, int]] = []
+        # the lines a register block spreads over its K loop (``prefetch_next``,
+        # ``prefetch_next_chunk``): per run, the address of its line i, and its line count
+        self.pending_prefetch: list[tuple[Callable[[str | int], str], int]] = []
         self.module = module
         self.t = scalar_type(spec.itemsize)
         self.vt = vector_type(blocking.lanes, spec.itemsize)
@@ -723,19 +745,23 @@ class _Emitter:
         col_blocks = -(-cols_total // col_step)
         # the blocks of all the call's sweeps (one per chunk) share the next call's prefetches
         lines = prefetched_lines(spec, blk, self.prefetch)
-        prefetching = any(lines)
         chunk_index, chunks = chunk
+        ahead = self.chunk_ahead(a, rows_total, batch, chunk)
+        prefetching = any(lines) or ahead is not None
 
         def prefetch(row: str | int, c0: str | int, rows_inside: bool, rows: int) -> None:
             """Before the register block in row block ``row`` (its ordinal) at column ``c0``,
             of ``rows`` x ``col_blocks`` blocks counted in sweep order."""
             if prefetching:
+                self.pending_prefetch = []
                 col = self.f.udiv_i64(c0, col_step)
                 if rows_inside:
                     block = self.f.add_i64(self.f.mul_i64(col, rows), row)
                 else:
                     block = self.f.add_i64(self.f.mul_i64(row, col_blocks), col)
                 blocks = rows * col_blocks
+                if ahead is not None:
+                    self.prefetch_next_chunk(ahead, block, blocks)
                 block = self.f.add_i64(self.f.mul_i64(chunk_index, blocks), block)
                 self.prefetch_next(block, chunks * blocks, lines)
 
@@ -898,6 +924,44 @@ class _Emitter:
 
         choose(shifts)
 
+    def chunk_ahead(
+        self, a: str, rows_total: int, batch: int, chunk: tuple[str, int]
+    ) -> _ChunkAhead | None:
+        """What the next chunk of the batch packs of A where the sweep packs A: after the
+        last chunk, the next call's first (where the nest passes the next call's A and
+        nothing prefetches it whole, ``prefetched_lines``), or else the last chunk's own,
+        in cache by then. None where there is no next chunk or the packing is too short to
+        hide those lines behind."""
+        spec, blk, f = self.spec, self.b, self.f
+        index, chunks = chunk
+        if not blk.pack_a or blk.k_piece or blk.form == "mirror":
+            return None
+        next_call = (
+            self.prefetch is not None
+            and self.prefetch.a
+            and not prefetched_lines(spec, blk, self.prefetch)[0]
+        )
+        if chunks < 2 and not next_call:
+            return None
+        if spec.trans_a:  # rows of A along K
+            per_element, run_stride, run_bytes = rows_total, spec.lda, spec.k * spec.itemsize
+        else:  # each K step's values of the rows
+            per_element, run_stride, run_bytes = spec.k, spec.lda, rows_total * spec.itemsize
+        base = "%PA"
+        if chunks > 1:
+            remaining = f.assign(f"sub i64 {chunks - 1}, {index}", "i")
+            base = f.gep(self.t, a, f.mul_i64(f.umin_i64(remaining, 1), batch * spec.stride_a))
+            if next_call:
+                last = f.assign(f"icmp eq i64 {remaining}, 0", "c")
+                base = f.assign(f"select i1 {last}, ptr %PA, ptr {base}", "p")
+        ahead = _ChunkAhead(
+            base, batch * per_element, per_element, run_stride, spec.stride_a, run_bytes
+        )
+        fmas = batch * spec.m * spec.n * spec.k // (64 // spec.itemsize)
+        if fmas < PREFETCH_LEAST_FMAS * ahead.runs * ahead.lines:
+            return None
+        return ahead
+
     def prefetch_next(self, block: str | int, blocks: int, lines_ab: tuple[int, int]) -> None:
         """Prefetch register block ``block``'s share (of ``blocks``) of the next call's A and B
         lines (``prefetch_lines``) into L2: spread over the blocks, the prefetches overlap the
@@ -905,7 +969,6 @@ class _Emitter:
         (:meth:`spreads_prefetches`) the runs wait in ``pending_prefetch`` for it
         (:meth:`k_loop`); otherwise they go out at once, before the block."""
         spread = self.spreads_prefetches()
-        self.pending_prefetch = []
         for base, lines in zip(("%PA", "%PB"), lines_ab):
             if not lines:
                 continue
@@ -916,11 +979,49 @@ class _Emitter:
             # tile's last line (they repeat lines, past the tile they would read nothing)
             first = self.f.umin_i64(self.f.mul_i64(block, share), lines - share)
             run = self.f.gep("i8", base, self.f.mul_i64(first, LINE_BYTES))
-            if spread:
-                self.pending_prefetch.append((run, share))
-                continue
-            for j in range(share):
-                self.prefetch_line(self.f.gep("i8", run, j * LINE_BYTES))
+            self.prefetch_run(self.line_of_run(run), share, spread)
+
+    def line_of_run(self, run: str) -> Callable[[str | int], str]:
+        """The address of line i of the contiguous lines from ``run``."""
+        return lambda line: self.f.gep("i8", run, self.f.mul_i64(line, LINE_BYTES))
+
+    def prefetch_run(self, address: Callable[[str | int], str], share: int, spread: bool) -> None:
+        """Prefetch lines ``address(0 : share)``: in the register block's K loop (``spread``),
+        or at once, at most ``PREFETCH_BURST`` of them."""
+        if spread:
+            self.pending_prefetch.append((address, share))
+            return
+        for j in range(min(share, PREFETCH_BURST)):
+            self.prefetch_line(address(j))
+
+    def prefetch_next_chunk(self, ahead: _ChunkAhead, block: str | int, blocks: int) -> None:
+        """Prefetch register block ``block``'s share (of ``blocks``) of the lines of A the
+        next chunk packs (:class:`_ChunkAhead`) into L2, so that its packing, which reads
+        each K step's row pages apart where the hardware prefetchers do not follow, finds
+        them there instead of waiting on memory for them row after row."""
+        f = self.f
+        spread = self.spreads_prefetches()
+        total = ahead.runs * ahead.lines
+        share = -(-total // blocks)
+        if not spread:
+            share = min(share, PREFETCH_BURST)
+        first = f.umin_i64(f.mul_i64(block, share), total - share)
+
+        def address(line: str | int) -> str:
+            index = f.add_i64(first, line)
+            run = f.udiv_i64(index, ahead.lines)
+            element, within = f.udiv_i64(run, ahead.per_element), f.urem_i64(run, ahead.per_element)
+            start = f.add_i64(
+                f.mul_i64(element, ahead.element_stride), f.mul_i64(within, ahead.run_stride)
+            )
+            # a run of `run_bytes` from any alignment touches at most `lines` lines; the
+            # last is addressed by the run's last byte, never past it
+            byte = f.umin_i64(
+                f.mul_i64(f.urem_i64(index, ahead.lines), LINE_BYTES), ahead.run_bytes - 1
+            )
+            return f.gep("i8", f.gep(self.t, ahead.base, start), byte)
+
+        self.prefetch_run(address, share, spread)
 
     def spreads_prefetches(self) -> bool:
         """Whether a register block's prefetches go into its K loop: blocks of the outer
@@ -1492,7 +1593,7 @@ class _Emitter:
         accs: list[str],
         kinds: list[tuple[str, str]],
         step,
-        runs: list[tuple[str, int]] | None = None,
+        runs: list[tuple[Callable[[str | int], str], int]] | None = None,
         element: str | int = 0,
         elements: int = 1,
     ) -> list[str]:
@@ -1507,11 +1608,11 @@ class _Emitter:
             def body(index: str, values: list[str]) -> list[str]:
                 base = f.mul_i64(index, K_UNROLL)
                 round_ = f.add_i64(f.mul_i64(element, full), index) if runs else index
-                for run, share in runs:
+                for address, share in runs:
                     per = min(-(-share // (full * elements)), PREFETCH_PER_ROUND)
                     for j in range(per):
                         line = f.umin_i64(f.add_i64(f.mul_i64(round_, per), j), share - 1)
-                        self.prefetch_line(f.gep("i8", run, f.mul_i64(line, LINE_BYTES)))
+                        self.prefetch_line(address(line))
                 for u in range(K_UNROLL):
                     values = step(values, f.add_i64(base, u))
                 return values

@@ -206,6 +206,14 @@ class FunctionBuilder:
             return a
         return self.assign(f"udiv i64 {a}, {b}", "i")
 
+    def urem_i64(self, a: str | int, b: int) -> str | int:
+        """``a % b`` for ``a >= 0``, folding constants."""
+        if isinstance(a, int):
+            return a % b
+        if b == 1:
+            return 0
+        return self.assign(f"urem i64 {a}, {b}", "i")
+
     def misaligned_bytes(self, pointer: str, boundary: int) -> str:
         """``pointer``'s byte offset past the last ``boundary`` (a power of two) at run time."""
         address = self.assign(f"ptrtoint ptr {pointer} to i64", "a")
