@@ -1194,7 +1194,7 @@ def test_an_element_loop_of_unit_strides_is_kept_whole_for_the_vectorizer(dtype)
 
 
 def _prefetched_addresses(
-    spec: BrgemmSpec, prefetch=None, shifts: tuple[int, int] = (0, 0)
+    spec: BrgemmSpec, prefetch=None, shifts: tuple[int, int] = (0, 0), target: Target = HOST
 ) -> tuple[list[int], dict]:
     """Compile ``spec``'s kernel with every ``@llvm.prefetch`` turned into a call that
     records its address, run it (A and the next call's A ``shifts`` bytes past a line
@@ -1212,7 +1212,7 @@ def _prefetched_addresses(
     name = f"record_prefetch_{id(callback)}"
     llvm.add_symbol(name, ctypes.cast(callback, ctypes.c_void_p).value)
     module = Module()
-    brgemm_function(spec, HOST, module, "kernel", prefetch=prefetch or Prefetch(False, False))
+    brgemm_function(spec, target, module, "kernel", prefetch=prefetch or Prefetch(False, False))
     text = module.text().replace("call void @llvm.prefetch.p0(", f"call void @{name}(")
     text = text.replace(", i32 0, i32 2, i32 1)", ")").replace(", i32 0, i32 3, i32 1)", ")")
     text += f"\ndeclare void @{name}(ptr)\n"
@@ -1268,6 +1268,7 @@ def _a_lines(spec: BrgemmSpec, start: int, elements: range) -> set[int]:
     return lines
 
 
+@pytest.mark.parametrize("avx512", [True, False])
 @pytest.mark.parametrize(
     ("dtype", "m", "k", "batch", "trans_a", "lda"),
     [
@@ -1277,7 +1278,7 @@ def _a_lines(spec: BrgemmSpec, start: int, elements: range) -> set[int]:
         ("f64", 64, 100, 10, True, 1000),  # A stored transposed: its rows along K
     ],
 )
-def test_packing_sweeps_prefetch_the_next_chunks_rows(dtype, m, k, batch, trans_a, lda):
+def test_packing_sweeps_prefetch_the_next_chunks_rows(dtype, m, k, batch, trans_a, lda, avx512):
     """A kernel that packs A from rows pages apart, chunk after chunk of its batch, prefetches
     every line of the next chunk's rows while it computes on this one, and after the last
     chunk those of the next call's first (where the nest passes the next call's A): the
@@ -1288,10 +1289,12 @@ def test_packing_sweeps_prefetch_the_next_chunks_rows(dtype, m, k, batch, trans_
 
     stride_a = lda * (m if trans_a else k)
     spec = BrgemmSpec(dtype, m, 97, k, batch, trans_a, False, lda, k, m, stride_a, k * 97)
-    blocking = choose_blocking(spec, HOST)
-    assert blocking.pack_a and blocking.chunk < batch, blocking
+    target = HOST if avx512 else HOST.without_avx512()  # (an AVX2 machine's code runs here)
+    blocking = choose_blocking(spec, target)
+    if not (blocking.pack_a and blocking.chunk < batch):  # (they do on Zen 4, both widths)
+        pytest.skip(f"this target's kernel packs no chunks of A here: {blocking}")
     for prefetch, shifts in itertools.product((None, Prefetch(True, False)), ((0, 8), (48, 0))):
-        recorded, ranges = _prefetched_addresses(spec, prefetch, shifts)
+        recorded, ranges = _prefetched_addresses(spec, prefetch, shifts, target)
         lines = {address // 64 for address in recorded}
         for address in recorded:
             assert any(low <= address < high for low, high in ranges.values()), hex(address)
