@@ -746,7 +746,7 @@ class _Emitter:
         # the blocks of all the call's sweeps (one per chunk) share the next call's prefetches
         lines = prefetched_lines(spec, blk, self.prefetch)
         chunk_index, chunks = chunk
-        ahead = self.chunk_ahead(a, rows_total, batch, chunk)
+        ahead = self.chunk_ahead(a, rows_total, batch, chunk, next_call_a=not lines[0])
         prefetching = any(lines) or ahead is not None
 
         def prefetch(row: str | int, c0: str | int, rows_inside: bool, rows: int) -> None:
@@ -925,22 +925,18 @@ class _Emitter:
         choose(shifts)
 
     def chunk_ahead(
-        self, a: str, rows_total: int, batch: int, chunk: tuple[str, int]
+        self, a: str, rows_total: int, batch: int, chunk: tuple[str, int], next_call_a: bool
     ) -> _ChunkAhead | None:
         """What the next chunk of the batch packs of A where the sweep packs A: after the
         last chunk, the next call's first (where the nest passes the next call's A and
-        nothing prefetches it whole, ``prefetched_lines``), or else the last chunk's own,
-        in cache by then. None where there is no next chunk or the packing is too short to
-        hide those lines behind."""
+        nothing prefetches it whole: ``next_call_a``, no lines of it in ``prefetched_lines``),
+        or else the last chunk's own, in cache by then. None where there is no next chunk or
+        the packing is too short to hide those lines behind."""
         spec, blk, f = self.spec, self.b, self.f
         index, chunks = chunk
         if not blk.pack_a or blk.k_piece or blk.form == "mirror":
             return None
-        next_call = (
-            self.prefetch is not None
-            and self.prefetch.a
-            and not prefetched_lines(spec, blk, self.prefetch)[0]
-        )
+        next_call = self.prefetch is not None and self.prefetch.a and next_call_a
         if chunks < 2 and not next_call:
             return None
         if spec.trans_a:  # rows of A along K

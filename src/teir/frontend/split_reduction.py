@@ -138,19 +138,33 @@ def unbalanced(plan: Any, threads: int) -> bool:
     the split's own cost (``SPLIT_IDLE_SECONDS`` on one core, as the operation estimates
     it), with at least one FLOP per byte it reads (where memory bounds it, the threads wait
     on memory alike)."""
-    if threads < 2 or not plan.regions or plan.operation is None:
+    operation = _shared_main(plan, threads)
+    if operation is None:
         return False
-    operation = plan.regions[0].operation  # the main region (a thin rest may follow)
-    if len(operation.slices) < 2:
-        return False  # too little work to share at all
     size = operation.nest.parallel_size
     longest = max(hi - lo for lo, hi in operation.slices)
     idle = 1 - size / (threads * longest)
+    return idle >= SPLIT_IDLE and _small_result(plan, operation, threads)
+
+
+def _shared_main(plan: Any, threads: int) -> Any:
+    """The plan's main operation (a thin rest region may follow it) where the threads share
+    it, else None (one thread, or too little work to share at all)."""
+    if threads < 2 or not plan.regions or plan.operation is None:
+        return None
+    operation = plan.regions[0].operation
+    return operation if len(operation.slices) >= 2 else None
+
+
+def _small_result(plan: Any, operation: Any, threads: int) -> bool:
+    """Whether the result is small beside the operands, so that a partial result per thread
+    and their sum cost little (``SPLIT_RESULT_PART``), the operation works long enough for a
+    split to pay (``SPLIT_IDLE_SECONDS`` on one core, as it estimates itself), with at least
+    one FLOP per byte it reads (where memory bounds it, the threads wait on memory alike)."""
     config = operation.config
     inputs = config.extent(Tensor.IN0) + config.extent(Tensor.IN1)
     return bool(
-        idle >= SPLIT_IDLE
-        and threads * prod(plan.out_shape) * SPLIT_RESULT_PART <= inputs
+        threads * prod(plan.out_shape) * SPLIT_RESULT_PART <= inputs
         and operation.estimated_seconds >= SPLIT_IDLE_SECONDS
         and config.flops >= inputs * config.dtype.itemsize
     )
@@ -193,20 +207,11 @@ def rereading(plan: Any, threads: int) -> bool:
     the input as often (its own loops over output labels: dcj,fdic->jfi, 8 tiles of f), a
     cut reads it alike: without this comparison the rule flipped 18 of 40 random einsums,
     nine of them 5-17 % slower."""
-    if threads < 2 or not plan.regions or plan.operation is None:
-        return False
-    operation = plan.regions[0].operation  # the main region (a thin rest may follow)
-    if len(operation.slices) < 2:
+    operation = _shared_main(plan, threads)
+    if operation is None or not _small_result(plan, operation, threads):
         return False
     config = operation.config
     itemsize = config.dtype.itemsize
-    inputs = config.extent(Tensor.IN0) + config.extent(Tensor.IN1)
-    if not (
-        threads * prod(plan.out_shape) * SPLIT_RESULT_PART <= inputs
-        and operation.estimated_seconds >= SPLIT_IDLE_SECONDS
-        and config.flops >= inputs * itemsize
-    ):
-        return False
     large = [t for t in (Tensor.IN0, Tensor.IN1) if config.extent(t) * itemsize > l3_share()]
     if not large:
         return False
