@@ -13,7 +13,15 @@ import pytest
 import teir
 from kernel_harness import PAD, compile_many, guarded, matrix_mask, run_brgemm, run_unary, view
 from teir import kernels
-from teir.codegen.brgemm import K_PIECE, Blocking, _Emitter, choose_blocking, pack_leading_bytes
+from teir.codegen.brgemm import (
+    K_PIECE,
+    SHIFT_LEAST_VECTORS,
+    SHIFT_MOST_DEPTH_PER_VECTOR,
+    Blocking,
+    _Emitter,
+    choose_blocking,
+    pack_leading_bytes,
+)
 from teir.codegen.irtext import Module
 from teir.codegen.specs import BrgemmSpec, KernelError, UnaryOp, UnarySpec
 from teir.codegen.target import Target
@@ -633,12 +641,35 @@ def test_unary_overlap_without_in_place_is_refused():
 
 
 def _streamed_c(
-    dtype: str, m: int, n: int, k: int, batch: int, trans_a: bool, lda: int, ldc: int
+    dtype: str,
+    m: int,
+    n: int,
+    k: int,
+    batch: int,
+    trans_a: bool,
+    lda: int,
+    ldc: int,
+    beyond_caches: bool = True,
 ) -> BrgemmSpec:
-    """A beta-0 kernel spec with ``stream_c``, its batch elements one after the other."""
+    """A beta-0 kernel spec with ``stream_c`` (into an output beyond the caches unless
+    ``beyond_caches`` is false), its batch elements one after the other."""
     stride_a = lda * (m if trans_a else k)
     return BrgemmSpec(
-        dtype, m, n, k, batch, trans_a, False, lda, k, ldc, stride_a, k * n, beta=0, stream_c=True
+        dtype,
+        m,
+        n,
+        k,
+        batch,
+        trans_a,
+        False,
+        lda,
+        k,
+        ldc,
+        stride_a,
+        k * n,
+        beta=0,
+        stream_c=True,
+        c_beyond_caches=beyond_caches,
     )
 
 
@@ -947,6 +978,32 @@ def test_streamed_c_from_packed_a_at_every_alignment(dtype, trans_a):
         assert emitter.c_shifts() == list(range(16 // itemsize, lanes, 16 // itemsize))
         specs.append(spec)
     _run_at_every_shift(specs, lanes)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_shifted_sweeps_near_the_caches_need_few_k_steps_per_vector(dtype):
+    """A misaligned streamed C with SHIFT_LEAST_VECTORS vectors per column or more is shifted
+    onto vector boundaries where its output outgrows the caches, but where it does not only
+    while K x batch is at most SHIFT_MOST_DEPTH_PER_VECTOR per vector (its normal stores
+    mostly hit the last level, and the shift's extra vector costs K FMAs per column);
+    unshifted, the kernel still stores a misaligned C right, normally."""
+    lanes = HOST.lanes(4 if dtype == "f32" else 8)
+    itemsize = 4 if dtype == "f32" else 8
+    shifts = list(range(16 // itemsize, lanes, 16 // itemsize))
+    checked = []
+    for vectors in (SHIFT_LEAST_VECTORS - 1, SHIFT_LEAST_VECTORS, 7):
+        m = vectors * lanes
+        most = SHIFT_MOST_DEPTH_PER_VECTOR * vectors
+        for k, batch in ((most, 1), (most // 2 + 1, 2), (most // 2, 2)):
+            for beyond in (False, True):
+                spec = _streamed_c(dtype, m, 9, k, batch, False, m, m + lanes, beyond)
+                blocking = choose_blocking(spec, HOST)
+                emitter = _Emitter(spec, blocking, Module(), "kernel", "", "")
+                shifted = vectors >= SHIFT_LEAST_VECTORS and (beyond or k * batch <= most)
+                assert emitter.c_shifts() == (shifts if shifted else []), (vectors, k, beyond)
+                checked.append(spec)
+    assert "_far" in checked[1].name and "_far" not in checked[0].name
+    _run_at_every_shift([checked[8], checked[9], checked[10]], lanes)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -1445,31 +1445,10 @@ class _Emitter:
                     )
 
     def streams_c(self) -> bool:
-        """Whether C's full vectors go around the caches: asked for, written exactly once
-        (overwritten in one pass over the batch), and every register block's vectors aligned
-        when C is (register blocks start at multiples of the vector width)."""
-        spec, blk = self.spec, self.b
-        return (
-            spec.stream_c
-            and spec.beta == 0
-            and blk.chunk == spec.batch
-            and not blk.k_piece
-            and blk.form == "outer"
-            and columns_aligned(spec, blk.lanes)
-        )
+        return streams_c(self.spec, self.b)
 
     def c_shifts(self) -> list[int]:
-        """The misalignments of C (in elements) that get a sweep of their own, shifted onto
-        vector boundaries so that C still goes around the caches: the multiples of 16 bytes,
-        the alignment NumPy gives large arrays (FP32 with C 16 bytes past a boundary:
-        60 % of peak with regular stores, 94 % shifted)."""
-        spec, blk = self.spec, self.b
-        if not self.streams_c() or blk.form != "outer":
-            return []
-        if -(-spec.m // blk.lanes) < SHIFT_LEAST_VECTORS:
-            return []  # the extra vector per column costs more than the streaming saves
-        step = 16 // spec.itemsize
-        return list(range(step, blk.lanes, step))
+        return c_shifts(self.spec, self.b)
 
     def c_vector_aligned(self) -> str:
         f, vector_bytes = self.f, self.b.lanes * self.spec.itemsize
@@ -1824,8 +1803,48 @@ def _scalar_function(
 # A C tile gets the shifted sweeps only with at least this many vectors per column (a partial
 # one counted): the shift adds one (FP32 C 16 bytes past a boundary, streamed: M 96 60 -> 75 %
 # of peak, M 32 63 -> 50 %; trus,pqtu->pqrs 32x64x64x64 by 48x48x32x64 into a np.zeros out,
-# M 64, on the Xeon: 57 % shifted, 82 % stored normally).
+# M 64, on the Xeon: 57 % shifted, 82 % stored normally) ...
 SHIFT_LEAST_VECTORS = 5
+# ... and where the output does not outgrow the last level (not ``c_beyond_caches``), only
+# while its K steps per vector of a column (k x batch / vectors) are at most this: the normal
+# stores' line reads mostly hit the last level there, and the shift's extra vector costs K
+# FMAs per column against the v line reads streaming saves. Zen 4, 2 threads, alternating
+# processes, into outs of 8-60 MiB 16 bytes off: 34 random contractions whose kernels have
+# 5-15 vectors per column, shifted against stored normally: K/v 0.1-4.6 0.57-1.08x
+# (geomean 0.91), 5.3-12.3 0.95-1.12x, 13.3-102 1.00-1.42x (1.11); efc,jbc->fjeb FP32 (M 128
+# = 8 vectors, 38 MiB) K 16, 32, 64, 128: 1.01, 0.99, 0.91, 0.89x. Beyond the caches (113-150
+# MiB) the shift paid even at K/v 5.3 (1.25x) and 16 (1.00x).
+SHIFT_MOST_DEPTH_PER_VECTOR = 8
+
+
+def streams_c(spec: BrgemmSpec, blk: Blocking) -> bool:
+    """Whether C's full vectors go around the caches: asked for, written exactly once
+    (overwritten in one pass over the batch), and every register block's vectors aligned
+    when C is (register blocks start at multiples of the vector width)."""
+    return (
+        spec.stream_c
+        and spec.beta == 0
+        and blk.chunk == spec.batch
+        and not blk.k_piece
+        and blk.form == "outer"
+        and columns_aligned(spec, blk.lanes)
+    )
+
+
+def c_shifts(spec: BrgemmSpec, blk: Blocking) -> list[int]:
+    """The misalignments of C (in elements) that get a sweep of their own, shifted onto
+    vector boundaries so that C still goes around the caches: the multiples of 16 bytes,
+    the alignment NumPy gives large arrays (FP32 with C 16 bytes past a boundary:
+    60 % of peak with regular stores, 94 % shifted)."""
+    if not streams_c(spec, blk) or blk.form != "outer":
+        return []
+    vectors = -(-spec.m // blk.lanes)
+    if vectors < SHIFT_LEAST_VECTORS:
+        return []  # the extra vector per column costs more than the streaming saves
+    if not spec.c_beyond_caches and spec.k * spec.batch > SHIFT_MOST_DEPTH_PER_VECTOR * vectors:
+        return []
+    step = 16 // spec.itemsize
+    return list(range(step, blk.lanes, step))
 
 
 def _parts(total: int, step: int) -> list[tuple[int, int, int]]:

@@ -61,6 +61,10 @@ class BrgemmSpec:
     # C is written once into an output far larger than the caches: store it around them
     # (non-temporal stores, where C is vector-aligned at run time)
     stream_c: bool = False
+    # ... and that output outgrows the last level itself, so that C's lines stored normally
+    # would be read from memory first: worth shifting a misaligned C's sweep onto vector
+    # boundaries even where the shift's extra vector per column is a larger share
+    c_beyond_caches: bool = False
 
     def __post_init__(self) -> None:
         _itemsize(self.dtype)
@@ -116,6 +120,7 @@ class BrgemmSpec:
             f"brgemm_{self.dtype}_{self.m}x{self.n}x{self.k}_b{self.batch}_{layout}_"
             f"{self.lda}_{self.ldb}_{self.ldc}_{self.stride_a}_{self.stride_b}_beta{self.beta}"
             + ("_stream" if self.stream_c else "")
+            + ("_far" if self.stream_c and self.c_beyond_caches else "")
         )
 
 

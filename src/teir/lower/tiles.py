@@ -162,6 +162,7 @@ def _brgemm(
     a_layouts.sort(
         key=lambda layout: -(lane_fill(k, lanes) * 0.9 if layout[0] else lane_fill(m, lanes))
     )
+    streamed = beta == 0 and _streams_output(config, resident)
     for trans_a, lda in a_layouts:
         for trans_b, ldb in b_layouts:
             if 0 in (lda, ldb, ldc):
@@ -181,7 +182,8 @@ def _brgemm(
                     stride_a,
                     stride_b,
                     beta,
-                    stream_c=beta == 0 and _streams_output(config, resident),
+                    stream_c=streamed,
+                    c_beyond_caches=streamed and _output_beyond_caches(config),
                 )
             except KernelError:
                 continue  # leading dimensions that let columns overlap
@@ -222,10 +224,10 @@ def _streams_output(config: Config, resident: bool) -> bool:
     outside = [a for a in range(len(s.dim_types)) if a not in s.prim_axes]
     if any(s.dim_types[a] is DimType.K for a in outside):
         return False
-    elements = prod(size for size, t in zip(s.dim_sizes, s.dim_types) if t is not DimType.K)
-    itemsize = config.data_type.itemsize
-    if output_outgrows_cache(elements, itemsize):
+    if _output_beyond_caches(config):
         return True
+    elements = _output_elements(config)
+    itemsize = config.data_type.itemsize
     depth = prod(size for size, t in zip(s.dim_sizes, s.dim_types) if t is DimType.K)
     shares = PRODUCT_RESIDENT_SHARES if depth == 1 else 2
     if resident and output_outgrows_share(elements, itemsize, shares):
@@ -240,6 +242,15 @@ def _streams_output(config: Config, resident: bool) -> bool:
         and elements * itemsize * 4 >= moved
         and moved > cache_sizes()["L3"] // 2
     )
+
+
+def _output_elements(config: Config) -> int:
+    s = config.schedule
+    return prod(size for size, t in zip(s.dim_sizes, s.dim_types) if t is not DimType.K)
+
+
+def _output_beyond_caches(config: Config) -> bool:
+    return output_outgrows_cache(_output_elements(config), config.data_type.itemsize)
 
 
 # A resident output of a product summing nothing streams beyond this many L3 shares: Zen 4

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from teir.codegen.brgemm import choose_blocking, prefetched_lines
+from teir.codegen.brgemm import c_shifts, choose_blocking, prefetched_lines
 from teir.codegen.checked_call import DONE, FALLBACK
 from teir.codegen.irtext import Module
 from teir.codegen.nest import joined_loops, nest_function, nest_stack_bytes, prefetch_for
@@ -263,7 +263,8 @@ class Operation:
                 amount = f"{size // 1024} KiB" if size >= 1024 else f"{size} bytes"
                 text += f"; prefetches the next iteration's {tiles} ({amount}) into L2"
             if op.spec.stream_c:
-                text += "; stores C around the caches where it is vector-aligned or shifted"
+                shifted = " or shifted" if c_shifts(op.spec, b) else ""
+                text += f"; stores C around the caches where it is vector-aligned{shifted}"
         elif isinstance(op.spec, UnarySpec) and op.spec.stream_b:
             text += "; stores the output around the caches in whole lines"
             chain = joined_loops(self.nest, op) if op.spec.joined else []
