@@ -254,6 +254,36 @@ def test_unary_every_m_and_n_up_to_17(dtype, op, transposed, in_place):
             run_unary(spec, function, seed)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_short_columns_move_as_whole_narrow_vectors(dtype):
+    """Columns of a power of two elements shorter than a vector (a permutation's innermost
+    axis of 8 FP32) are copied as whole vectors that wide, not as full-width ones under a
+    mask; other short columns keep the full width, and so does a contiguous tile, swept as
+    one long column. Right for every op, in place or not (test_unary_every_m_and_n_up_to_17
+    covers every short length)."""
+    itemsize = 4 if dtype == "f32" else 8
+    full = HOST.lanes(itemsize)
+    kind = "float" if dtype == "f32" else "double"
+    for m in (16 // itemsize, full // 2, full // 2 + 1):
+        if m >= full:
+            continue
+        for spec in (
+            UnarySpec(dtype, UnaryOp.COPY, m, 5, lda=m + 3, ldb=m + 1),
+            UnarySpec(dtype, UnaryOp.RELU, m, 5, ldb=m + 2, in_place=True),
+        ):
+            module = Module()
+            unary_function(spec, HOST, module, "kernel")
+            text = module.text()
+            if m & (m - 1):
+                assert f"<{full} x {kind}>" in text and "masked.store" in text
+            else:
+                assert f"<{m} x {kind}>" in text and "masked" not in text.split("define")[-1]
+        contiguous = UnarySpec(dtype, UnaryOp.COPY, m, 6, lda=m, ldb=m)
+        module = Module()
+        unary_function(contiguous, HOST, module, "kernel")
+        assert f"<{full} x {kind}>" in module.text()
+
+
 def test_unary_large_sizes():
     specs = [
         UnarySpec("f32", UnaryOp.COPY, 4096, 3, ldb=4099),
