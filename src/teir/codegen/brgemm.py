@@ -1808,12 +1808,15 @@ SHIFT_LEAST_VECTORS = 5
 # ... and where the output does not outgrow the last level (not ``c_beyond_caches``), only
 # while its K steps per vector of a column (k x batch / vectors) are at most this: the normal
 # stores' line reads mostly hit the last level there, and the shift's extra vector costs K
-# FMAs per column against the v line reads streaming saves. Zen 4, 2 threads, alternating
-# processes, into outs of 8-60 MiB 16 bytes off: 34 random contractions whose kernels have
-# 5-15 vectors per column, shifted against stored normally: K/v 0.1-4.6 0.57-1.08x
-# (geomean 0.91), 5.3-12.3 0.95-1.12x, 13.3-102 1.00-1.42x (1.11); efc,jbc->fjeb FP32 (M 128
-# = 8 vectors, 38 MiB) K 16, 32, 64, 128: 1.01, 0.99, 0.91, 0.89x. Beyond the caches (113-150
-# MiB) the shift paid even at K/v 5.3 (1.25x) and 16 (1.00x).
+# FMAs per column against the v line reads streaming saves. Zen 4, 2 threads, into outs of
+# 8-60 MiB 16 bytes off, both rules built in one process and timed interleaved: efc,jbc->fjeb
+# FP32 (M 96 and 128, 28-38 MiB) K 128 1.23x and 1.13x stored normally (77 -> 85-87 % of
+# peak; 97 % into an aligned out), K 16-64 shifted as before; 48 random contractions whose
+# kernels have 5-15 vectors per column: those with K/v above this 1.00-1.40x (cda,cdjg->ajg
+# FP32 1.40x, hjcg,dcbjh->jdbg 1.28x), geomean 1.04x and 1.02x over the two sets, none below
+# 0.97x. (Separate processes, three rounds, had shown losses at small K/v that the same
+# cases did not repeat.) Beyond the caches (113-150 MiB) the shift paid even at K/v 5.3
+# (1.25x) and 16 (1.00x).
 SHIFT_MOST_DEPTH_PER_VECTOR = 8
 
 
