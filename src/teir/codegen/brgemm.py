@@ -1839,7 +1839,7 @@ def c_shifts(spec: BrgemmSpec, blk: Blocking) -> list[int]:
     vector boundaries so that C still goes around the caches: the multiples of 16 bytes,
     the alignment NumPy gives large arrays (FP32 with C 16 bytes past a boundary:
     60 % of peak with regular stores, 94 % shifted)."""
-    if not streams_c(spec, blk) or blk.form != "outer":
+    if not streams_c(spec, blk):  # (the outer form only)
         return []
     vectors = -(-spec.m // blk.lanes)
     if vectors < SHIFT_LEAST_VECTORS:
