@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from teir.frontend.copy_choice import LARGE_KERNEL_VOLUME, LARGE_TILE, KernelShape, as_good
+from teir.frontend.copy_choice import (
+    LARGE_KERNEL_VOLUME,
+    LARGE_TILE,
+    KernelShape,
+    as_good,
+    costs_no_more,
+)
 from teir.frontend.einsum_parse import parse
 from teir.frontend.einsum_plan import unscheduled_fields
 from teir.frontend.plan_cost import (
@@ -71,3 +77,16 @@ def test_some_copies_do_as_well_as_all_three_with_half_the_tile_and_the_lanes():
     large = KernelShape(LARGE_TILE**2, LARGE_TILE, 1.0)
     assert large.volume < LARGE_KERNEL_VOLUME and as_good(large, huge)
     assert not as_good(KernelShape(LARGE_TILE**2, LARGE_TILE - 1, 1.0), huge)
+
+
+def test_lanes_left_empty_cost_their_flops_against_the_further_copies():
+    everything = KernelShape(c_tile=96 * 160, depth=200, fill=1.0)
+    three_quarters = KernelShape(c_tile=12 * 160, depth=200, fill=0.75)
+    assert as_good(three_quarters, everything)
+    # 1/3 more time on 10 GFLOP: more than copying 10 MB more costs (160 M FLOPs)
+    assert not costs_no_more(10e9, three_quarters, 10 << 20, everything, 20 << 20)
+    # on 100 MFLOP it is not
+    assert costs_no_more(100e6, three_quarters, 10 << 20, everything, 20 << 20)
+    # whole lanes either way: the fewer bytes copied win
+    whole = KernelShape(c_tile=12 * 160, depth=200, fill=1.0)
+    assert costs_no_more(10e9, whole, 10 << 20, everything, 20 << 20)

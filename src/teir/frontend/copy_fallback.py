@@ -5,7 +5,8 @@ result into place if it needed a copy too.
 Copying fewer bytes is better, but a layout that merely fits a kernel can still make a poor
 one. So each subset of (in0, in1, result) is planned, the cheapest first, and taken when its
 kernel tiles span at least half of what copying all three gives and fill at least half as
-many vector lanes. A tensor left in place is read (or written) there however far apart its tile rows
+many vector lanes, and whose lanes left empty do not cost more than the further copies
+would. A tensor left in place is read (or written) there however far apart its tile rows
 lie: copying it costs more than the rows do (see ``choose``).
 
 Large copies are made a chunk at a time along one result label (see ``chunking``): each chunk
@@ -27,7 +28,7 @@ from math import prod
 import numpy as np
 
 from teir.buffers import new_strides
-from teir.frontend.copy_choice import KernelShape, as_good, kernel_shape
+from teir.frontend.copy_choice import KernelShape, as_good, costs_no_more, kernel_shape
 from teir.frontend.einsum_parse import LETTERS
 from teir.frontend.einsum_plan import (
     Operand,
@@ -236,6 +237,9 @@ def choose(
     # 1.07 ms copying in0 and 0.33 ms reading it in place.
     mirrored = canonical_orders(inputs, plan.out_memory, mirrored=True)
     whole = _shape(everything)
+    assert plan.operation is not None
+    flops = float(plan.operation.config.flops)
+    all_bytes = copied_bytes(plan, inputs, full)
     tried: set[Orders] = set()
     for subset in sorted(subsets, key=lambda s: sum(bytes_of[i] for i in s)):
         for chosen in (full, mirrored):
@@ -258,7 +262,9 @@ def choose(
                     continue
             elif product is None or not fits(product):
                 continue
-            if as_good(_shape(product), whole):
+            if as_good(_shape(product), whole) and costs_no_more(
+                flops, _shape(product), copied_bytes(plan, inputs, orders), whole, all_bytes
+            ):
                 return orders, product
     return full, everything
 

@@ -18,14 +18,18 @@ from typing import Any, NamedTuple
 from teir.codegen.brgemm import lane_fill, mirrors_plain_a
 from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target
-from teir.frontend.copy_choice import KernelShape, as_good, kernel_shape
+from teir.frontend.copy_choice import (
+    COPY_FLOPS_PER_BYTE,
+    KernelShape,
+    as_good,
+    costs_no_more,
+    kernel_shape,
+)
 from teir.frontend.lane_plan import lane_spec
 from teir.lower.nest import lower
 from teir.optimizer import optimize_with_log
 
-# Measured on this kind of machine: a core does ~8 FLOPs in the time it copies one byte of a
-# tensor that does not fit its caches, and a kernel call with its loop costs ~20 ns.
-COPY_FLOPS_PER_BYTE = 8.0
+# Measured on this kind of machine: a kernel call with its loop costs ~20 ns.
 CALL_FLOPS = 2000.0
 GENERIC_EFFICIENCY = 0.03
 # A lane-batched contraction (a batch of unit stride everywhere as the vector lanes) runs at
@@ -128,10 +132,17 @@ def copied_cost(fields: dict[str, Any], threads: int) -> float | None:
         [*combinations(range(3), 1), *combinations(range(3), 2)],
         key=lambda subset: sum(elements[index] for index in subset),
     )
+    flops = 2.0 * float(prod(sizes))
+    all_bytes = sum(elements) * itemsize
     for subset in subsets:
+        copied = sum(elements[index] for index in subset) * itemsize
         for orders in (plain, mirrored):
             estimate = on_copies(orders, subset)
-            if estimate.shape is not None and as_good(estimate.shape, everything.shape):
+            if (
+                estimate.shape is not None
+                and as_good(estimate.shape, everything.shape)
+                and costs_no_more(flops, estimate.shape, copied, everything.shape, all_bytes)
+            ):
                 return with_copies(estimate, subset)
     return with_copies(everything, (0, 1, 2))
 
