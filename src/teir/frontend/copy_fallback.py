@@ -5,9 +5,10 @@ result into place if it needed a copy too.
 Copying fewer bytes is better, but a layout that merely fits a kernel can still make a poor
 one. So each subset of (in0, in1, result) is planned, the cheapest first, and taken when its
 kernel tiles span at least half of what copying all three gives and fill at least half as
-many vector lanes, and whose lanes left empty do not cost more than the further copies
-would. A tensor left in place is read (or written) there however far apart its tile rows
-lie: copying it costs more than the rows do (see ``choose``).
+many vector lanes, and the lanes they leave empty cost no more than the further copies
+would (``copy_choice.costs_no_more``). A tensor left in place is read (or written) there
+however far apart its tile rows lie: copying it costs more than the rows do (see
+``choose``).
 
 Large copies are made a chunk at a time along one result label (see ``chunking``): each chunk
 is copied, contracted and copied back while it is in the caches.
