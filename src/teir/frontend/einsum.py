@@ -37,6 +37,7 @@ from teir.frontend.einsum_plan import (
     kernel_tile,
     label_sizes,
     make_plan,
+    narrow_tile,
     one_element,
     operand,
     partner_copy,
@@ -283,7 +284,7 @@ def _plan(
             # eafb,bahcf->ceh, 32 FLOPs per element copied: 3.8 -> 4.6 ms)
             wider = (
                 intense
-                and small_tile(plan)
+                and (small_tile(plan) or narrow_tile(plan))
                 and kernel_tile(product) >= TILE_GAIN * kernel_tile(plan)
                 and vector_fill(product) >= vector_fill(plan)
                 and copy_fallback.relayout_affordable(plan, inputs, orders, out)

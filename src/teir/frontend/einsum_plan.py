@@ -482,7 +482,7 @@ def make_plan(
     other_reasons = (
         unfit or (intense and short_depth(plan)) or (relayout and relayout_pays(plan, inputs))
     )
-    tiny = own_call and intense and small_tile(plan)
+    tiny = own_call and intense and (small_tile(plan) or narrow_tile(plan))
     if other_reasons or tiny:
         orders = canonical_orders(inputs, plan.out_memory)
         # the result counts too: a batch label with the result's unit stride fits no kernel
@@ -646,6 +646,25 @@ def small_tile(plan: Plan) -> bool:
     if plan.operation is None or plan.operation.config.flops < SMALL_TILE_MIN_FLOPS:
         return False
     return 0 < kernel_tile(plan) < SMALL_TILE and main.spec.k * main.spec.batch > 1
+
+
+def narrow_tile(plan: Plan) -> bool:
+    """Whether the plan's BRGEMM kernel writes fewer than ``NARROW_COLUMNS`` columns of C per
+    call, a page or more apart, summing K beyond one step (a short N that alone fits a
+    kernel as the operands lie, each call's columns on as many pages)."""
+    main = _main(plan)
+    if main is None or main.kind != "brgemm" or not isinstance(main.spec, BrgemmSpec):
+        return False
+    if plan.operation is None or plan.operation.config.flops < SMALL_TILE_MIN_FLOPS:
+        return False
+    spec = main.spec
+    far = spec.ldc * plan.dtype.itemsize >= PAGE_BYTES
+    return spec.n < NARROW_COLUMNS and far and spec.k * spec.batch > 1
+
+
+# ... so does one whose kernel writes fewer columns than this per call, a page or more apart
+NARROW_COLUMNS = 8
+PAGE_BYTES = 4096
 
 
 # A compute-bound contraction of at least SMALL_TILE_MIN_FLOPS whose layout leaves kernel
