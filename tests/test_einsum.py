@@ -612,6 +612,7 @@ def test_a_kernel_writing_few_columns_pages_apart_has_its_input_copied(dtype):
     a, b = operands([[sizes[x] for x in "efd"], [sizes[x] for x in "feih"]], dtype)
     out = np.ones([sizes[x] for x in "heid"], dtype)
     text = teir.einsum_plan("efd,feih->heid", a, b, out=out).explain()
+    assert "writes 7 columns of C per call, a page or more apart" in text
     assert "in1 is copied into the order ehif" in text
     assert "in0 is copied" not in text and "permuted into place" not in text
     expected = np.einsum("efd,feih->heid", a.astype(np.float64), b.astype(np.float64))

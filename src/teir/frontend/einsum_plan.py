@@ -190,7 +190,8 @@ class Plan:
     # the result's unit stride a stride apart; "" where it is no such product.
     elementwise_copies: str = ""
     # With ``canonical``: considered only because the kernel's tiles are small
-    # (``small_tile``); kept only where the copies give tiles TILE_GAIN times larger.
+    # (``small_tile``) or few columns pages apart (``narrow_tile``); kept only where the
+    # copies give tiles TILE_GAIN times larger.
     for_small_tiles: bool = False
     # The output's labels as its memory lies (``out``'s or a new result's), outermost first:
     # copies of inputs for a kernel order their result labels so (``canonical_orders``).
@@ -228,6 +229,11 @@ class Plan:
             ]
             if self.elementwise_copies:
                 why = self.elementwise_copies
+            elif self.for_small_tiles and not small_tile(self):
+                why = (
+                    "the kernel that fits the operands as they lie writes "
+                    f"{kernel_columns(self)} columns of C per call, a page or more apart"
+                )
             elif self.for_small_tiles:
                 why = (
                     "the kernel that fits the operands as they lie computes "
@@ -648,6 +654,12 @@ def small_tile(plan: Plan) -> bool:
     return 0 < kernel_tile(plan) < SMALL_TILE and main.spec.k * main.spec.batch > 1
 
 
+def kernel_columns(plan: Plan) -> int:
+    """Columns of C the plan's BRGEMM kernel writes per call (0 for other kernels)."""
+    main = _main(plan)
+    return main.spec.n if main is not None and isinstance(main.spec, BrgemmSpec) else 0
+
+
 def narrow_tile(plan: Plan) -> bool:
     """Whether the plan's BRGEMM kernel writes fewer than ``NARROW_COLUMNS`` columns of C per
     call, a page or more apart, summing K beyond one step (a short N that alone fits a
@@ -659,12 +671,7 @@ def narrow_tile(plan: Plan) -> bool:
         return False
     spec = main.spec
     far = spec.ldc * plan.dtype.itemsize >= PAGE_BYTES
-    return spec.n < NARROW_COLUMNS and far and spec.k * spec.batch > 1
-
-
-# ... so does one whose kernel writes fewer columns than this per call, a page or more apart
-NARROW_COLUMNS = 8
-PAGE_BYTES = 4096
+    return kernel_columns(plan) < NARROW_COLUMNS and far and spec.k * spec.batch > 1
 
 
 # A compute-bound contraction of at least SMALL_TILE_MIN_FLOPS whose layout leaves kernel
@@ -674,6 +681,11 @@ PAGE_BYTES = 4096
 SMALL_TILE = 64
 TILE_GAIN = 4
 SMALL_TILE_MIN_FLOPS = 32_000_000
+# ... and so does one whose kernel writes fewer columns than this per call, a page or more
+# apart (``narrow_tile``): FP64 efd,feih->heid (N h 7 as in1 lies, columns 917 KB apart),
+# in1 copied for N i of 32: 1.99 -> 0.87 ms
+NARROW_COLUMNS = 8
+PAGE_BYTES = 4096
 
 
 def kernel_depth(plan: Plan) -> int:
