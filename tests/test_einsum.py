@@ -95,6 +95,15 @@ def check(subscripts, ops, **options):
     return got
 
 
+def check_accumulated_twice(subscripts, a, b, out, bound):
+    """Sum ``subscripts`` of ``a``, ``b`` into ``out`` of ones, planned and then replayed."""
+    expected = np.einsum(subscripts, a.astype(np.float64), b.astype(np.float64))
+    for _ in range(2):  # planned, then replayed
+        out[...] = 1
+        teir.einsum(subscripts, a, b, out=out, accumulate=True)
+        np.testing.assert_allclose(out, expected + 1, rtol=bound, atol=bound)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize(("subscripts", "shapes"), CASES, ids=[c[0] for c in CASES])
 def test_numpy_cases(subscripts, shapes, dtype):
@@ -615,12 +624,7 @@ def test_a_kernel_writing_few_columns_pages_apart_has_its_input_copied(dtype):
     assert "writes 7 columns of C per call, a page or more apart" in text
     assert "in1 is copied into the order ehif" in text
     assert "in0 is copied" not in text and "permuted into place" not in text
-    expected = np.einsum("efd,feih->heid", a.astype(np.float64), b.astype(np.float64))
-    bound = 1e-4 if dtype == np.float32 else 1e-11
-    for _ in range(2):  # planned, then replayed
-        out[...] = 1
-        teir.einsum("efd,feih->heid", a, b, out=out, accumulate=True)
-        np.testing.assert_allclose(out, expected + 1, rtol=bound, atol=bound)
+    check_accumulated_twice("efd,feih->heid", a, b, out, 1e-4 if dtype == np.float32 else 1e-11)
     # as many FLOPs into a result whose columns lie within a page (2 KB or 1 KB apart):
     # the kernel runs as the operands lie
     near = {**sizes, "d": 64, "e": 2, "f": 9600, "i": 2}
@@ -640,12 +644,8 @@ def test_a_memory_bound_result_written_by_few_lanes_comes_from_copied_inputs(dty
     filled = "19%" if dtype == np.float32 else "38%"  # 3 of 16 or of 8 lanes
     assert f"fills {filled} of its vector lanes" in text
     assert "in0 is copied" in text and "permuted into place" not in text
-    expected = np.einsum("ebda,fa->fbde", a.astype(np.float64), b.astype(np.float64))
     bound = 1e-5 if dtype == np.float32 else 1e-12
-    for _ in range(2):  # planned, then replayed
-        out[...] = 1
-        teir.einsum("ebda,fa->fbde", a, b, out=out, accumulate=True)
-        np.testing.assert_allclose(out, expected + 1, rtol=bound, atol=bound)
+    check_accumulated_twice("ebda,fa->fbde", a, b, out, bound)
     # a memory-bound result is never copied itself: its copy would cost more than it saves
     sizes = {"a": 40, "d": 28, "f": 2, "g": 10, "h": 10}
     x, y = operands([[sizes[x] for x in "fd"], [sizes[x] for x in "gahf"]], dtype)
