@@ -67,9 +67,12 @@ class Target:
 
     @property
     def half_width_is_free(self) -> bool:
-        """Whether half-width vectors reach the same FLOP rate (AMD Zen 4 and 5 run 512-bit
-        FMAs on two 256-bit pipes)."""
-        return self.cpu.startswith("znver") and self.vector_bits == 512
+        """Whether half-width vectors reach the same FLOP rate: AMD Zen 4 runs 512-bit FMAs
+        on two 256-bit pipes. Zen 5 (EPYC 9005, Ryzen 9000) has two full-width pipes, 64
+        FP32 FLOP per cycle, and is blocked as Intel's AVX-512 cores are (its optimizer inputs,
+        1600^3 FP64 on 2 threads: 72 -> 85 % of peak, 1000^3 FP64 77 -> 89 %); a Zen 5 that
+        is double-pumped (the mobile parts) plans as Zen 4 with ``TEIR_CPU_NAME=znver4``."""
+        return self.cpu == "znver4" and self.vector_bits == 512
 
     @property
     def near_l3(self) -> bool:

@@ -27,7 +27,7 @@ from teir.optimizer.transposed import transposed_tile
 PRIM = ExecType.PRIM
 # Target block sizes (rows of C, columns of C, K) per element size, measured on Zen 4.
 BLOCK_TARGETS = {4: (80, 160, 64), 8: (80, 160, 64)}
-# ... and on cores with two full-width FMA pipes (a Xeon), where FP32 rows of 128 (eight
+# ... and on cores with two full-width FMA pipes (a Xeon, Zen 5), where FP32 rows of 128 (eight
 # vectors) beat 64 where the sizes offer those two (one thread, same process: 1024^3
 # ki,kj->ij 53 -> 61 % of peak, ki,jk->ij 53 -> 61 %, ik,kj->ij 77 -> 80 %, ik,jk->ij 79 ->
 # 81 %; 768^3 ki,kj->ij 62 -> 65 %; 512^3 and 2048^3 alike or better; two threads: 1024^3
