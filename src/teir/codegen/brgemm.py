@@ -272,8 +272,9 @@ DOT_FMAS_IN_FLIGHT = 8
 
 def dot_chains(rows: int, cols: int, steps: int, registers: int) -> int:
     """Accumulator chains per dot product of a dot-form block of ``rows x cols`` products
-    over ``steps`` vectors of K per batch element (each step's chain restarts with every
-    element), that fit ``registers`` with one step's loads."""
+    over ``steps`` vectors of K per batch element (step s of every element goes to chain
+    s mod chains, so more chains than steps would stay empty), that fit ``registers`` with
+    one step's loads."""
     block = rows * cols
     room = (registers - rows - cols) // block
     return max(1, min(-(-DOT_FMAS_IN_FLIGHT // block), steps, room))

@@ -141,8 +141,9 @@ def _large_input_order(
     order, as NumPy's order "K" lays them out. Memory bounds such products, and a result in
     another order is written transposed: FP32 on 2 cores, ag,g->ga 640 x 12288 1.9 ms
     transposed, 1.2 ms in the input's order; cgbha,h->acbgh FP64 26 MB laid out for a kernel
-    the cost model priced by its FLOPs, 12.5 ms against 1.3. None where there is no such
-    product (the cost model decides)."""
+    the cost model priced by its FLOPs, 12.5 ms against 1.3. A product that sums a few
+    elements is decided by :func:`_few_summed_order`. None where there is no such product
+    (the cost model decides)."""
     large = max(inputs, key=lambda op: op.array.size)
     summed = {label for op in inputs for label in op.labels if label not in output}
     if summed:
@@ -201,15 +202,15 @@ def _few_summed_order(
     return tuple(output.index(label) for label in labels)
 
 
-# Summed elements per result element up to which a product beyond the caches follows its
-# larger input's order (_few_summed_order)
-FEW_SUMMED = 8
 # ... and where that input's unit-stride label is shorter than two vectors, from this many
 # elements of it on (and beyond half the L3 share)
 SHORT_UNIT_LEAST = 4
 # An elementwise product's new result follows its larger input's order from this size on:
 # below it a result in another order costs more to create per call than its layout saves.
 FOLLOW_MIN_BYTES = 256 << 10
+# A product summing at most this many elements per result element, all in its larger input,
+# follows that input's order beyond half the L3 share (_few_summed_order).
+FEW_SUMMED = 8
 
 # The streaming layout is taken for a large input of at least STREAMING_MIN_BYTES beside one
 # of at most 1 / STREAMING_PART of its elements, a result of at most as many, and fewer than
