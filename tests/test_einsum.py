@@ -567,6 +567,16 @@ def test_inputs_that_fit_with_a_result_that_does_not_copy_the_result(dtype):
             ["in1", "the result"],
             np.float64,
         ),
+        # in0 copied with its summed labels as in1 lies (dfeb: b innermost, then e, f) lets
+        # the kernel read the large in1 as it lies, its K of b 64 unit-stride in both;
+        # before, in1 was copied into the canonical order (e 512, in1 84 MB: 9.4 -> 2.5 ms,
+        # NumPy 6.6)
+        (
+            "ebdf,cafeb->dca",
+            {"a": 5, "b": 64, "c": 16, "d": 5, "e": 32, "f": 8},
+            ["in0"],
+            np.float32,
+        ),
     ],
 )
 def test_the_fallback_copies_only_the_tensors_that_need_it(subscripts, sizes, moved, dtype):
@@ -578,8 +588,10 @@ def test_the_fallback_copies_only_the_tensors_that_need_it(subscripts, sizes, mo
     for name in ("in0", "in1", "the result"):
         assert (f"{name} is c" in text) == (name in moved)
     expected = np.einsum(subscripts, a.astype(np.float64), b.astype(np.float64))
-    # FP32: 72 products summed per element
-    bound = 1e-11 if dtype == np.float64 else 1e-5
+    # FP32: 1e-5 for 72 products summed per element, growing with the square root of the
+    # count (random rounding errors)
+    summed = np.prod([sizes[x] for x in set(inputs) - set(output) - {","}])
+    bound = 1e-11 if dtype == np.float64 else 1e-5 * max(1.0, np.sqrt(summed / 72))
     tolerance = {"rtol": bound, "atol": bound}
     listed = teir.einsum(subscripts, a, b, order="C")
     np.testing.assert_allclose(listed, expected, **tolerance)

@@ -890,19 +890,24 @@ def regions(
 
 
 def canonical_orders(
-    inputs: list[Operand], output: Sequence[str], mirrored: bool = False
+    inputs: list[Operand],
+    output: Sequence[str],
+    mirrored: bool = False,
+    summed: Sequence[str] | None = None,
 ) -> tuple[str, str, str]:
     """Label orders that give the GEMM kernel unit strides: in0 (C, K, M), in1 (C, N, K),
     out (C, N, M), innermost last; ``mirrored``: those of the transposed product
     (out^T = in1^T in0^T), in0 (C, M, K), in1 (C, K, N), out (C, M, N). C, M and N follow
     ``output``: pass the result's labels as its memory lies (``Plan.out_memory``), so that
     copies of inputs share its order and their labels fuse with its own (FP32
-    dfbac,efd->edabc laid out edbac, in0 28 MB: copying in0 for the listed order, 10.5 ms)."""
+    dfbac,efd->edabc laid out edbac, in0 28 MB: copying in0 for the listed order, 10.5 ms).
+    K follows in0's listed order, or ``summed`` (the summed labels as the input left in
+    place lies, so that a copy of the other one fuses its K with that input's)."""
     in0, in1 = inputs[0].labels, inputs[1].labels
     c = [x for x in output if x in in0 and x in in1]
     m = [x for x in output if x in in0 and x not in in1]
     n = [x for x in output if x in in1 and x not in in0]
-    k = [x for x in in0 if x in in1 and x not in output]
+    k = [x for x in summed or in0 if x in in0 and x in in1 and x not in output]
     if mirrored:
         return "".join(c + m + k), "".join(c + k + n), "".join(c + m + n)
     return "".join(c + k + m), "".join(c + n + k), "".join(c + n + m)
