@@ -44,14 +44,16 @@ def test_dots_along_unit_strides_are_not_gathered():
     assert not gathered_dots(plan, [einsum_plan.operand(a, ("i", "j"), i) for i in (0, 1)])
 
 
-def test_gathered_dots_that_would_copy_both_inputs_run_as_they_lie():
-    # each input gathered along one of the two summed labels: one copy cannot give both
-    # unit strides on the same label (FP64 bdc,cdb->c 39 MB: 15.5 -> 18.5 ms copying both)
+def test_gathered_dots_along_two_summed_labels_copy_one_input_into_the_others_layout():
+    # each input gathered along one of the two summed labels: copies of both cost more than
+    # they save (FP64 bdc,cdb->c 39 MB: 15.5 -> 18.5 ms), but in0 copied with its summed
+    # labels as in1 lies (cdb) gives both a unit stride on b (3.5 -> 1.4 ms; 64 x 96 x 50:
+    # 0.143 -> 0.130 ms)
     rng = np.random.default_rng(5)
     b = rng.standard_normal((64, 96, 50))
     c = rng.standard_normal((50, 96, 64))
     plan = teir.einsum_plan("bdc,cdb->c", b, c)
-    assert plan.canonical is None
+    assert plan.canonical is not None and plan.canonical[:2] == ("cdb", None)
     np.testing.assert_allclose(
         teir.einsum("bdc,cdb->c", b, c), np.einsum("bdc,cdb->c", b, c), rtol=1e-12
     )
