@@ -329,35 +329,26 @@ def test_k_follows_a_large_input_summed_over_a_few_elements(subscripts, share, f
 
 
 def test_only_few_summed_elements_of_the_large_input_set_its_order():
-    from types import SimpleNamespace
-
+    from conftest import pinned_machine
+    from teir.frontend.einsum_plan import operand
     from teir.frontend.result_layout import _few_summed_order
 
-    def operand(labels, sizes, itemsize=8):
-        shape = [sizes[x] for x in labels]
-        array = SimpleNamespace(size=int(np.prod(shape)), nbytes=int(np.prod(shape)) * itemsize)
-        strides = dict(zip(labels, np.cumprod([1, *shape[::-1]])[-2::-1]))
-        return SimpleNamespace(array=array, labels=list(labels), strides=strides)
+    def lying(labels, sizes):  # an FP64 input of these labels, C order (pages left untouched)
+        return operand(np.empty([sizes[x] for x in labels]), tuple(labels), 0)
 
-    from conftest import pinned_machine
-
-    with pinned_machine("znver4", "L1=32K,L2=1M,L3=32M,L3share=12M"):
-        _check_few_summed_orders(operand, _few_summed_order)
-
-
-def _check_few_summed_orders(operand, _few_summed_order):
     sizes = {"a": 256, "b": 3, "c": 512, "d": 32}
-    large = operand("dacb", sizes)
-    assert _few_summed_order(large, {"b"}, "cda", sizes) == (1, 2, 0)  # d, a, c
-    # summing 12 per element: not few
-    assert _few_summed_order(large, {"b", "e"}, "cda", {**sizes, "e": 4}) is None
-    # a summed label the large input lacks
-    assert _few_summed_order(operand("dac", sizes), {"b"}, "cda", sizes) is None
-    # listed along the large input's unit stride already
-    assert _few_summed_order(operand("dabc", sizes), {"b"}, "dac", sizes) is None
-    # within half this process's L3 share
     small = {"a": 16, "b": 3, "c": 32, "d": 8}
-    assert _few_summed_order(operand("dacb", small), {"b"}, "cda", small) is None
+    with pinned_machine("znver4", "L1=32K,L2=1M,L3=32M,L3share=12M"):
+        large = lying("dacb", sizes)
+        assert _few_summed_order(large, {"b"}, "cda", sizes) == (1, 2, 0)  # d, a, c
+        # summing 12 per element: not few
+        assert _few_summed_order(large, {"b", "e"}, "cda", {**sizes, "e": 4}) is None
+        # a summed label the large input lacks
+        assert _few_summed_order(lying("dac", sizes), {"b"}, "cda", sizes) is None
+        # listed along the large input's unit stride already
+        assert _few_summed_order(lying("dabc", sizes), {"b"}, "dac", sizes) is None
+        # within half this process's L3 share
+        assert _few_summed_order(lying("dacb", small), {"b"}, "cda", small) is None
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
