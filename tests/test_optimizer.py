@@ -407,6 +407,49 @@ def _check_permutation_at_every_offset(config: teir.Config, subscripts: str, siz
 
 
 @pytest.mark.parametrize(
+    ("subscripts", "size", "dtype"),
+    [("ij->ji", 512, "FP32"), ("ij->ji", 512, "FP64"), ("ijk->kji", 64, "FP32")],
+)
+def test_crowded_output_columns_go_down_short_tiles(monkeypatch, subscripts, size, dtype):
+    """A transpose whose output columns lie a multiple of 2-4 KiB apart (every block's
+    stores in one L1 set) and that outgrows a core's L2 moves tiles of 256-byte columns,
+    long along in0's unit stride, stored around the caches; the kernel goes down the
+    output's columns with in0's grid shifted onto its lines. The results equal NumPy's with
+    both arrays 0-3 elements past a line."""
+    import teir.lower.tiles as tiles
+    from teir.buffers import aligned_empty
+    from teir.codegen.specs import UnarySpec
+    from teir.codegen.target import Target
+    from teir.codegen.transpose import crowded_columns
+    from teir.lower.nest import lower
+    from teir.optimizer.primitive import CROWDED_COLUMNS, CROWDED_ROW_BYTES
+
+    monkeypatch.setattr(tiles, "cache_sizes", lambda: {"L1": 32768, "L2": 65536, "L3": 1 << 30})
+    config = teir.optimize(_permutation(subscripts, size, dtype), threads=2)
+    main = lower(config).main
+    assert main is not None
+    spec = main.spec
+    assert isinstance(spec, UnarySpec) and spec.trans_a and spec.stream_b
+    assert crowded_columns(spec.ldb * spec.itemsize, Target.host().lanes(spec.itemsize))
+    assert spec.m * spec.itemsize == CROWDED_ROW_BYTES
+    assert spec.n >= min(size, CROWDED_COLUMNS[1])
+    ndim = len(subscripts.split("->")[0])
+    count = size**ndim
+    source = np.random.default_rng(3).standard_normal(count).astype(config.dtype)
+    expected = np.einsum(subscripts, source.reshape((size,) * ndim))
+    run = teir.compile(config, threads=2)
+    for shift in (0, 1, 3):
+        held = aligned_empty((count + 8,), config.dtype)
+        held[shift : shift + count] = source
+        buffer = aligned_empty((count + 8,), config.dtype)
+        buffer[:] = np.nan
+        out = buffer[3 - shift : 3 - shift + count]
+        run(held[shift : shift + count], None, out)
+        np.testing.assert_array_equal(out.reshape(expected.shape), expected)
+        assert np.isnan(buffer[: 3 - shift]).all() and np.isnan(buffer[3 - shift + count :]).all()
+
+
+@pytest.mark.parametrize(
     ("subscripts", "size", "dtype", "streamed"),
     [
         ("ijk->kji", 128, "FP32", True),  # 512-byte columns, continued by the inner loop
@@ -439,7 +482,7 @@ def test_long_transposed_columns_stream(monkeypatch, subscripts, size, dtype, st
         ("ijkl->lkji", 16, "FP64", True),  # 128-byte columns, continued along j
         ("ijkl->lkji", 32, "FP32", True),
         ("ijklm->mlkji", 8, "FP64", True),  # 64-byte ones: one vector
-        ("ijk->kji", 160, "FP64", False),  # 1280-byte ones: long enough alone
+        ("ijk->kji", 168, "FP64", False),  # 1344-byte ones: long enough alone
         ("ijk->kji", 37, "FP32", True),  # 148-byte ones, each shifted on its own
         ("ijkl->lkji", 24, "FP32", True),  # 96-byte ones, streamed as they are joined
         ("ijkl->lkji", 12, "FP32", False),  # 48-byte ones: under a vector
@@ -465,7 +508,11 @@ def test_short_streamed_columns_join_the_next_tile(monkeypatch, subscripts, size
 
 @pytest.mark.parametrize(
     ("subscripts", "shape", "joined"),
-    [("ijkl->lkji", (48, 48, 48, 48), True), ("ij->ji", (2048, 2048), False)],
+    [
+        ("ijkl->lkji", (48, 48, 48, 48), True),
+        ("ij->ji", (2000, 2000), False),  # 3200-byte columns: long enough alone
+        ("ij->ji", (2048, 2048), True),  # crowded columns: tiles of 256-byte ones
+    ],
 )
 def test_explain_names_streamed_and_joined_copies(subscripts, shape, joined):
     """A permutation in memory says that it stores around the caches, and whether and along
@@ -564,10 +611,13 @@ def test_transposes_in_memory_move_long_tiles(dtype, monkeypatch):
     moves tiles of 256 elements along the output's unit stride and 128 along in0's, stored
     around the caches; one that fits moves 64 x 64. Both equal NumPy, also into an output
     16 bytes off a cache line (NumPy's usual offset for large arrays)."""
+    import teir.codegen.transpose as transpose
     import teir.lower.tiles as tiles
     from teir.buffers import aligned_empty
     from teir.lower.nest import lower
 
+    # rows 4 KiB apart crowd an L1 set (test_crowded_output_columns_go_down_short_tiles)
+    monkeypatch.setattr(transpose, "CROWDED_STORES", 1 << 30)
     config = _permutation("ij->ji", 1024, dtype)
 
     def tile(scheduled: teir.Config) -> dict[str, int]:

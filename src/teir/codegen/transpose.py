@@ -18,6 +18,15 @@ Two things decide its speed more than the shuffles do (measured on Zen 4, 512² 
   A tile of a loop nest (``streamed``: the nest, not the kernel, orders the memory traffic) is
   crossed in rows of blocks instead, each along A's rows, with A's grid left unshifted: A is
   then read a few whole lines at a time from `lanes` rows, its split lines used at once.
+  Except where B's columns lie a multiple of 2-4 KiB apart (``crowded_columns``): then every
+  block stores all its lines into one L1 set, and along A's rows so does every block of the
+  row, each line read for ownership and evicted again before the next is stored (1024^2
+  FP32, 64 x 64 tiles, one thread: 14 GB/s against 90 at 1000^2; in a C model of the same
+  kernel, 22 GB/s along A's rows, 40 down B's columns, 53 and 69 with streaming stores).
+  Such a tile goes down B's columns, consecutive blocks storing into consecutive sets, with
+  A's grid shifted onto its lines (clamped overlapping edge blocks) so that no line of A is
+  needed again a column of blocks later; the lowering streams B and gives the tile short
+  columns and long rows of A (``teir.optimizer.primitive.CROWDED_ROW_BYTES``).
 
 Columns of B that lie no whole number of lines apart cannot share one shifted grid; a tile of
 a loop nest that goes around the caches then shifts each column on its own (one two-source
@@ -56,6 +65,10 @@ if TYPE_CHECKING:
 LINE_BYTES = 64
 L1_SETS = 64
 L1_WAYS = 8
+# a streamed tile whose blocks store this many of their lines into one L1 set goes down B's
+# columns: FP32 rows 2 KiB apart (8 per set) ran at a third of the rate of 3 KiB (4 per set)
+# in the C model, on Zen 5's 12-way L1 as well
+CROWDED_STORES = 8
 # tile edge (in blocks) of the diagonal order; 4-8 measured alike, 2 too small to spread sets
 DIAGONAL_TILE = 8
 # the least blocks along a dimension for which the grid is shifted to the arrays' alignment:
@@ -93,6 +106,12 @@ def set_crowding(stride_bytes: int, count: int) -> int:
     """The most of ``count`` cache lines ``stride_bytes`` apart that share one L1 set."""
     sets = Counter((r * stride_bytes // LINE_BYTES) % L1_SETS for r in range(count))
     return max(sets.values())
+
+
+def crowded_columns(ldb_bytes: int, lanes: int) -> bool:
+    """Whether the ``lanes`` columns of B a block stores, ``ldb_bytes`` apart, crowd one L1
+    set (CROWDED_STORES of their lines or more)."""
+    return set_crowding(ldb_bytes, lanes) >= CROWDED_STORES
 
 
 def diagonal_tile(lda_bytes: int, blocks_i: int, blocks_j: int, lanes: int) -> int:
@@ -153,7 +172,13 @@ class _Transpose:
         self.f.range_loop(0, count, body, hint)
 
     def axis(
-        self, extent: int, pointer: str, ld: int, shift: bool = True, masked_edges: bool = False
+        self,
+        extent: int,
+        pointer: str,
+        ld: int,
+        shift: bool = True,
+        masked_edges: bool = False,
+        least: int = SHIFT_BLOCKS,
     ) -> _Axis:
         """The blocks along one dimension, aligned to ``pointer``'s vector boundaries where that
         pays and the leading dimension keeps every row (column) equally aligned."""
@@ -162,7 +187,8 @@ class _Transpose:
         # B's streamed rows in a tile between buffers in memory are shifted however short:
         # unshifted, every store into a misaligned B is a regular one, its line read for
         # ownership first
-        least = 1 if masked_edges and self.streamed and self.spec.stream_b else SHIFT_BLOCKS
+        if masked_edges and self.streamed and self.spec.stream_b:
+            least = 1
         if not shift or whole < least or (ld * size) % self.vector_bytes:
             # a compile-time tail: overlapping it with the last block measured slower here
             # (FP32 33 x 40: 44 % -> 28 % of the copy bandwidth)
@@ -408,7 +434,11 @@ class _Transpose:
         rows = self.axis(spec.m, "%B", spec.ldb, masked_edges=True)
         # A's rows keep their alignment where both of its leading dimensions do
         lda = math.gcd(spec.lda, spec.lda_outer) if spec.m_inner else spec.lda
-        cols = self.axis(spec.n, "%A", lda, shift=not self.streamed)
+        # B's columns crowding an L1 set are gone down, A's grid shifted from two blocks on
+        down = self.streamed and crowded_columns(spec.ldb * spec.itemsize, self.lanes)
+        cols = self.axis(
+            spec.n, "%A", lda, shift=down or not self.streamed, least=2 if down else SHIFT_BLOCKS
+        )
         self.masked_rows = rows.masked_edges
         self.joined = spec.joined and self.masked_rows and spec.m >= self.lanes
 
@@ -434,6 +464,15 @@ class _Transpose:
             if rows.tail and cols.tail:
                 self.block(rows.tail_start, cols.tail_start, rows.tail, cols.tail)
 
+        if down:
+            # consecutive blocks store into consecutive sets (see the module's docstring)
+            self.for_range(
+                cols.count,
+                lambda jb: self.for_range(rows.count, lambda ib: at(ib, jb), "ib"),
+                "jb",
+            )
+            tails()
+            return
         if self.streamed:
             # across B's rows of blocks, each along A's rows: A read as runs of a few lines
             # from `lanes` rows at a time, B's shifted rows streamed in whole lines

@@ -17,6 +17,7 @@ from teir.lower.panels import A_SPREAD_BYTES, panel_leading_bytes, panel_limit_b
 from teir.lower.tiles import (
     contraction_op,
     copy_outgrows_cache,
+    crowded_beyond_l2,
     output_outgrows_cache,
     output_outgrows_share,
 )
@@ -522,6 +523,13 @@ def unary(problem: Problem) -> tuple[Problem, str]:
     transpose_tiles = {True: (256, 128, 512, 16), False: (128, 64, 256, 16)}
     if not in_memory:
         transpose_tiles = {True: (64, 16, 256, 16), False: (64, 16, 256, 16)}
+    elements = prod(a.size for a in axes)
+    if column is not None and crowded_beyond_l2(
+        column.stride(Tensor.OUT), transposed, elements, itemsize
+    ):
+        rows = CROWDED_ROW_BYTES // itemsize
+        lanes = Target.host().lanes(itemsize)
+        transpose_tiles = {True: (rows, lanes, rows, lanes), False: CROWDED_COLUMNS}
     # A short row (out's unit stride) continued in out by an axis that in0 lays elsewhere:
     # both go into the tile, so that the kernel stores long columns, reading in0 in runs.
     # With NumPy's 16-byte offsets on both arrays (2 threads): ijkl->ljki 48^4 FP32 22 -> 31
@@ -578,6 +586,22 @@ def unary(problem: Problem) -> tuple[Problem, str]:
     if runs is not None:
         note = "; out's columns span two axes, read from in0 in runs"
     return result, f"{kind} tile {shape} ({'reads in0' if reads else 'output only'}{note})"
+
+
+# A transpose whose output columns crowd an L1 set (a multiple of 2-4 KiB apart:
+# ``teir.codegen.transpose.crowded_columns``) and that outgrows a core's L2 moves tiles of
+# four blocks down those columns (256 bytes) and long along in0's unit stride, which the
+# kernel goes down and stores around the caches. Hand-written ij->ji tiles on Zen 5, one
+# thread (GB/s; rows x columns): 1024^2 FP32 64 x 64 41, 64 x 256 57, 64 x 1024 71, 32 x 1024
+# 42, 128 x 1024 61-64, 256 x 256 50; 2048^2 FP32 64 x 512 58-60, 256 x 128 (the tile for
+# memory) 42; FP64 1024^2 32 x 256-512 79, 64 x 64 52, 128 x 256 57. Einsum, alternating
+# processes, NumPy's arrays (16 bytes past a line), best of 3 (us, one thread / two):
+# ij->ji FP32 512^2 95 -> 25 / 49 -> 18, 1024^2 606 -> 111 / 309 -> 74, 2048^2 1018 -> 554
+# / 558 -> 276; FP64 512^2 194 -> 51, 1024^2 556 -> 217, 2048^2 2246 -> 1684 / 1098 -> 594;
+# ijk->kji 256x256x64 FP32 866 -> 544 / 429 -> 256; 24 random 2-5-D permutations of
+# power-of-two-heavy sizes 1.21x by geometric mean, none slower beyond the noise.
+CROWDED_ROW_BYTES = 256
+CROWDED_COLUMNS = (512, 128, 1024, 16)
 
 
 def _continuing(candidates: list[Axis], row: Axis, column: Axis | None) -> Axis | None:
