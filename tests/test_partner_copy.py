@@ -104,3 +104,18 @@ def test_the_small_input_takes_the_large_ones_order_as_it_lies(dtype):
     big = rng.standard_normal((96, 448, 64)).astype(dtype)
     tolerance = 1e-2 if dtype == np.float32 else 1e-9
     _copied_and_replayed("bc,acb->a", [small, big], ("cb", None, None), tolerance, calls=2)
+
+
+@pytest.mark.parametrize("k", [5, 7])
+def test_a_candidate_that_would_not_pay_is_passed_over_for_the_next(k):
+    """``abe,dce->badc`` FP32 with K (e) along in1's unit stride: the kernel as the operands
+    lie is a dot form filling fewer than half of its 16 lanes. The smallest copy,
+    of in0, fills only half of them and does not pay (``fuller``); the fallback goes on to
+    in1 copied K-outermost, whose outer-product kernel fills them all, instead of giving up
+    on copies."""
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((5, 32, k)).astype(np.float32)
+    b = rng.standard_normal((32, 48, k)).astype(np.float32)
+    tolerance = 1e-4
+    plan, _ = _copied_and_replayed("abe,dce->badc", [a, b], (None, "edc", None), tolerance, calls=2)
+    assert "in1 is copied into the order edc" in plan.explain()

@@ -201,6 +201,7 @@ def choose(
     plan_step: PlanStep,
     relayout: bool = False,
     copy_result: bool = True,
+    accept: Callable[[Orders, Plan], bool] | None = None,
 ) -> tuple[Orders, Plan]:
     """Which tensors to copy (``plan.canonical`` holds the orders of copying all three), and
     the plan of the contraction that then runs. ``relayout``: the copies are for an
@@ -209,7 +210,8 @@ def choose(
     then plans the steps as they lie (a step that would ask for copies of its own is no
     candidate otherwise).
     ``copy_result``: copies of the result may be chosen; without, only those of inputs are
-    tried (and failing them, all three)."""
+    tried (and failing them, all three). ``accept``: the caller's own test of a candidate
+    (orders, its plan); one it refuses is passed over for the next."""
     assert plan.canonical is not None
     full = plan.canonical
     sizes = label_sizes(inputs, plan.subscripts.output)
@@ -276,8 +278,12 @@ def choose(
                     continue
             elif product is None or not fits(product):
                 continue
-            if as_good(_shape(product), whole) and costs_no_more(
-                flops, _shape(product), copied_bytes(plan, inputs, orders), whole, all_bytes
+            if (
+                as_good(_shape(product), whole)
+                and costs_no_more(
+                    flops, _shape(product), copied_bytes(plan, inputs, orders), whole, all_bytes
+                )
+                and (accept is None or accept(orders, product))
             ):
                 return orders, product
     return full, everything

@@ -255,20 +255,13 @@ def _plan(
         # cdebh,ehdbf->hfdbc 0.43 -> 1.05 ms, fd,gahf->ahdg 0.07 -> 0.21 ms).
         intense = compute_bound(plan, inputs)
         copy_result = not runs_kernels(plan) or intense
-        if partner_copy(plan, inputs):
-            plan.canonical, plan.product = _partner_copy(plan, inputs, out, contraction)
-        else:
-            plan.canonical, plan.product = copy_fallback.choose(
-                plan, inputs, out, contraction, relaying, copy_result
-            )
+
         # A plan that runs kernels as the operands lie, filling few vector lanes or summing
         # short runs of K: the copies pay only when their kernel fills at least twice as
         # many lanes, or sums several times as many steps with as many lanes; one running
         # another kernel than the plain outer-product one, when they give that kernel (or
         # one nearer to it: ``relaid``) within the scratch buffer's size.
-        if runs_kernels(plan) and plan.product is not None:
-            product, orders = plan.product, plan.canonical
-            assert product is not None and orders is not None
+        def pays(orders: copy_fallback.Orders, product: Plan) -> bool:
             fuller = vector_fill(product) >= 2 * vector_fill(plan)
             deeper = (
                 short_depth(plan)
@@ -293,11 +286,25 @@ def _plan(
             # copies of both cost more than they save (FP64 bdc,cdb->c 39 MB: 15.5 -> 18.5 ms)
             both = orders[0] is not None and orders[1] is not None
             gathered = both and not intense and gathered_dots(plan, inputs)
-            if (
-                not (wider if plan.for_small_tiles else fuller or deeper or relaying_pays or wider)
-                or (not copy_result and orders[2] is not None)
-                or gathered
-            ):
+            return (
+                (wider if plan.for_small_tiles else fuller or deeper or relaying_pays or wider)
+                and (copy_result or orders[2] is None)
+                and not gathered
+            )
+
+        as_they_lie = runs_kernels(plan)
+        if partner_copy(plan, inputs):
+            plan.canonical, plan.product = _partner_copy(plan, inputs, out, contraction)
+        else:
+            # candidates that would not pay are passed over for the next (FP32 abe,dce->badc,
+            # K 5 along in1's unit stride, 63 MB result: in0 alone copied fills half the lanes
+            # of the dot form's 5/16 and was dropped, in1 copied K-outermost never tried)
+            plan.canonical, plan.product = copy_fallback.choose(
+                plan, inputs, out, contraction, relaying, copy_result, pays if as_they_lie else None
+            )
+        if as_they_lie and plan.product is not None:
+            assert plan.canonical is not None
+            if not pays(plan.canonical, plan.product):
                 plan.canonical, plan.product = None, None
         plan.steps_as_they_lie = relaying and plan.canonical is not None
     one_thread = bool(plan.regions) and all(len(r.operation.slices) == 1 for r in plan.regions)
