@@ -370,3 +370,44 @@ def test_a_small_result_is_computed_along_the_large_inputs_unit_stride(dtype, ac
         teir.einsum(subscripts, a, x, out=target, accumulate=accumulate, relu=relu)
         tolerance = 1e-4 if dtype == np.float32 else 1e-10
         np.testing.assert_allclose(target, expected, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize(
+    ("subscripts", "sizes", "dtype"),
+    [
+        ("adb,acd->bca", {"a": 24, "b": 40, "c": 36, "d": 20}, np.float32),
+        ("adb,acd->bca", {"a": 24, "b": 40, "c": 36, "d": 20}, np.float64),
+        ("cfbd,eabf->adec", {"a": 12, "b": 16, "c": 100, "d": 32, "e": 64, "f": 5}, np.float32),
+    ],
+)
+def test_k_lays_a_new_result_out_as_the_copies_compute_it(monkeypatch, subscripts, sizes, dtype):
+    """A new result (order K) whose copies compute it in another order than its own is laid
+    out in that order instead of being permuted into place, with the layout choice held at
+    the listed order, as when a chosen layout's kernel turns out not to fit: ``adb,acd->bca``
+    (a batch label at the result's unit stride fits no kernel) then needs no copies at all;
+    ``cfbd,eabf->adec`` still copies both inputs, but a result laid out as their product's
+    is not copied again (``einsum_plan.dense_in``). order="C" still permutes."""
+    from teir.frontend import einsum_plan
+    from teir.frontend.einsum import clear_plans
+
+    def listed(order, *args):
+        return order if isinstance(order, tuple) else None
+
+    monkeypatch.setattr(einsum_plan, "result_order", listed)
+    clear_plans()
+    a, b = _operands(subscripts, sizes, dtype)
+    expected = np.einsum(subscripts, a, b)
+    tolerance = 1e-4 if dtype == np.float32 else 1e-10
+    plan = teir.einsum_plan(subscripts, a, b)
+    assert plan.canonical is None or plan.canonical[2] is None
+    assert plan.memory_order is not None and "permuted into place" not in plan.explain()
+    for _call in (1, 2):
+        result = teir.einsum(subscripts, a, b)
+        np.testing.assert_allclose(result, expected, rtol=tolerance, atol=tolerance)
+        assert not result.flags.c_contiguous
+    listed_plan = teir.einsum_plan(subscripts, a, b, order="C")
+    assert "permuted into place" in listed_plan.explain()
+    result = teir.einsum(subscripts, a, b, order="C")
+    assert result.flags.c_contiguous
+    np.testing.assert_allclose(result, expected, rtol=tolerance, atol=tolerance)
+    clear_plans()

@@ -397,7 +397,7 @@ def make_plan(
     threads: int | None,
     relayout: bool = True,
     resident_output: bool | None = None,
-    order: str = "C",
+    order: str | tuple[int, ...] = "C",
     own_call: bool = False,
 ) -> tuple[Plan, list[Operand]]:
     """The plan for these operands (its operands are returned too: they may be new arrays).
@@ -407,7 +407,8 @@ def make_plan(
     ``resident_output``: whether the result is written into memory reused call after call
     (default: when an ``out`` is given; a result allocated for each call is not).
     ``order``: the memory layout of a new result (without ``out``), as NumPy's einsum takes
-    it: "C", "F", "A" or "K" (teir's choice, see :mod:`teir.frontend.result_layout`).
+    it: "C", "F", "A" or "K" (teir's choice, see :mod:`teir.frontend.result_layout`), or
+    the memory order of its axes itself (outermost first).
     ``own_call``: einsum's own call, not the contraction of its copies; copies are then
     also planned for a memory-bound contraction whose result is its largest tensor, written
     by a kernel that fills few vector lanes, for gathered dot products (``gathered_dots``)
@@ -493,14 +494,12 @@ def make_plan(
         orders = canonical_orders(inputs, plan.out_memory)
         # the result counts too: a batch label with the result's unit stride fits no kernel
         # (adb,acd->bca FP64 ran on the generic primitive at 0.13x NumPy)
-        already = (
-            all(
-                "".join(op.labels) == order and op.array.flags.c_contiguous
-                for op, order in zip(inputs, orders)
-            )
-            and "".join(output) == orders[2]
-            and (out.flags.c_contiguous if out is not None else plan.memory_order is None)
-        )
+        # (the result compares by its memory: a new one laid out in that order, listed in
+        # another, is already a copy's layout)
+        already = all(
+            "".join(op.labels) == order and op.array.flags.c_contiguous
+            for op, order in zip(inputs, orders)
+        ) and dense_in("".join(plan.out_memory), out_strides, sizes, orders[2])
         if not already:  # copies into these orders fit a kernel (and are not made twice)
             plan.canonical = orders
             plan.for_small_tiles = not other_reasons
@@ -911,6 +910,19 @@ def canonical_orders(
     if mirrored:
         return "".join(c + m + k), "".join(c + k + n), "".join(c + m + n)
     return "".join(c + k + m), "".join(c + n + k), "".join(c + n + m)
+
+
+def dense_in(memory: str, strides: dict[str, int], sizes: dict[str, int], order: str) -> bool:
+    """Whether a tensor of these element strides, whose labels lie in ``memory`` (outermost
+    first), is laid out densely in ``order``, as a contiguous copy in that order would be."""
+    if memory != order:
+        return False
+    expected = 1
+    for label in reversed(order):
+        if sizes[label] > 1 and strides[label] != expected:
+            return False
+        expected *= sizes[label]
+    return True
 
 
 def labels_in_memory(

@@ -221,7 +221,7 @@ STREAMING_INTENSITY = 8
 
 
 def result_order(
-    order: str,
+    order: str | tuple[int, ...],
     inputs: Sequence[_Operand],
     output: Sequence[str],
     sizes: dict[str, int],
@@ -230,7 +230,10 @@ def result_order(
     """The memory order of a new result's axes (None: the listed, C order). ``price`` gives
     the expected cost of the contraction writing an output of the given label strides, and
     whether a kernel runs it as the tensors lie (else it runs on copies or the generic
-    primitive, and is priced so)."""
+    primitive, and is priced so). ``order`` may also name the memory order itself (the
+    output's axes, outermost first)."""
+    if isinstance(order, tuple):
+        return None if order == tuple(range(len(output))) else order
     if order == "C" or len(output) < 2:
         return None
     reverse = tuple(reversed(range(len(output))))
