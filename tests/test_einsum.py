@@ -379,8 +379,11 @@ def test_large_contraction_uses_kernels():
 def test_operands_no_kernel_layout_fits_go_through_copies(dtype):
     # The batch label is innermost everywhere: no GEMM layout fits, so both operands and the
     # result are permuted through temporaries. Calls reuse those, also while out is summed into.
+    # A new result of teir's layout (order K) is laid out as the copies compute it instead.
     a, b = operands([(9, 7, 5), (7, 6, 5)], dtype)
-    plan = teir.einsum_plan("ijb,jkb->ikb", a, b)
+    laid_out = teir.einsum_plan("ijb,jkb->ikb", a, b)
+    assert laid_out.memory_order is not None and "the result is" not in laid_out.explain()
+    plan = teir.einsum_plan("ijb,jkb->ikb", a, b, order="C")
     text = plan.explain()
     assert (
         "in0 is copied into the order bji; in1 is copied into the order bkj; the result is " in text
@@ -502,9 +505,11 @@ def test_a_result_copied_for_the_plain_kernel_pays_at_112_flops_per_element():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_inputs_that_fit_with_a_result_that_does_not_copy_the_result(dtype):
     # The inputs lie as the kernel wants them (C, K, M and C, N, K); the result has its unit
-    # stride on the batch label, which no kernel layout fits: only the result is permuted.
+    # stride on the batch label, which no kernel layout fits: only the result is permuted
+    # (a new one of teir's layout, order K, is laid out acb and needs no copy at all).
     a, b = operands([(11, 9, 7), (11, 13, 9)], dtype)
-    plan = teir.einsum_plan("adb,acd->bca", a, b)
+    assert "copied" not in teir.einsum_plan("adb,acd->bca", a, b).explain()
+    plan = teir.einsum_plan("adb,acd->bca", a, b, order="C")
     text = plan.explain()
     assert "the result is computed in the order acb and permuted into place" in text
     assert "generic" not in text

@@ -293,6 +293,10 @@ def _plan(
             )
 
         as_they_lie = runs_kernels(plan)
+        # (only contractions of PASS_OVER_FLOPS or more look further: below, the steps of
+        # the copies cost more than the lanes they fill save)
+        flops = plan.operation.config.flops if plan.operation is not None else 0
+        searching = as_they_lie and flops >= PASS_OVER_FLOPS
         if partner_copy(plan, inputs):
             plan.canonical, plan.product = _partner_copy(plan, inputs, out, contraction)
         else:
@@ -300,27 +304,34 @@ def _plan(
             # K 5 along in1's unit stride, 63 MB result: in0 alone copied fills half the lanes
             # of the dot form's 5/16 and was dropped, in1 copied K-outermost never tried)
             plan.canonical, plan.product = copy_fallback.choose(
-                plan, inputs, out, contraction, relaying, copy_result, pays if as_they_lie else None
+                plan, inputs, out, contraction, relaying, copy_result, pays if searching else None
             )
         if as_they_lie and plan.product is not None:
             assert plan.canonical is not None
             if not pays(plan.canonical, plan.product):
                 plan.canonical, plan.product = None, None
         plan.steps_as_they_lie = relaying and plan.canonical is not None
-    if out is None and order == "K" and plan.canonical is not None and plan.canonical[2]:
+    if (
+        out is None
+        and order == "K"
+        and plan.canonical is not None
+        and plan.canonical[2]
+        and not relaying
+    ):
         # a new result that the copies compute in another order and then permute into
-        # place is laid out in that order instead (a view in the listed one): FP32
+        # place is laid out in that order instead (a view in the listed one; not for copies
+        # made for the plain outer-product kernel, a relayout chosen with its result): FP32
         # aebd,efbc->fcade, K 5, 79 MB result, computed as eadfc: 9.0 -> 3.9 ms (NumPy 7.5);
         # FP64 bcdf,dae->cfaeb 62 MB 0.87x -> 1.6x NumPy. With the passing over of copies
-        # that would not pay, 16 of 300 random einsums (2 threads) changed plans: 1.25x by
-        # geometric mean, the slowest 0.93x
+        # that would not pay, 16 of 300 random einsums (2 threads) changed plans: 1.34x by
+        # geometric mean, the slowest 0.89x and 0.92x (5.8x and 36x NumPy)
         computed = tuple(parsed.output.index(label) for label in plan.canonical[2])
         args = (subscripts, arrays, out, accumulate, relu, threads, split, fallback, fresh)
-        found = _plan(*args, order=computed, relayout=relayout)
+        replanned = _plan(*args, order=computed, relayout=relayout)
         entry = _plans.get(_key(*args[:7], fresh, computed, fallback, relayout))
         if entry is not None:
             _cache(key, entry)
-        return found
+        return replanned
     one_thread = bool(plan.regions) and all(len(r.operation.slices) == 1 for r in plan.regions)
     if split and plan.canonical is None and not any(plan.reductions):
         chain = chain_length(plan)
@@ -334,6 +345,14 @@ def _plan(
             plan.split = plan_split(parsed, arrays, threads, chain)
     _cache(key, (plan, direct, direct_call(plan, inputs, arrays, out, accumulate, relu)))
     return plan, direct
+
+
+# A contraction that runs kernels as its operands lie has the copying fallback pass over
+# copies that would not pay for later candidates only from this many FLOPs on: FP32
+# ik,jk->ij, K 5-7 along both unit strides, one thread, in1 copied kj against as they lie:
+# 20 x 30 x 5 1.0 -> 5.5 us, 64 x 64 x 7 2.2 -> 5.8, 128 x 128 x 7 6.3 -> 6.9, 100 x 128 x
+# 5 6.2 -> 6.2, 128 x 256 x 5 11.7 -> 7.2, 200 x 300 x 5 20.9 -> 8.8.
+PASS_OVER_FLOPS = 1 << 18
 
 
 def _partner_copy(
