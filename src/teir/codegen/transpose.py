@@ -464,14 +464,17 @@ class _Transpose:
             if rows.tail and cols.tail:
                 self.block(rows.tail_start, cols.tail_start, rows.tail, cols.tail)
 
-        if down:
-            # consecutive blocks store into consecutive sets (see the module's docstring)
+        # down B's columns: B written as `lanes` streams, A read as one strided stream
+        def down_columns() -> None:
             self.for_range(
                 cols.count,
                 lambda jb: self.for_range(rows.count, lambda ib: at(ib, jb), "ib"),
                 "jb",
             )
             tails()
+
+        if down:  # consecutive blocks store into consecutive sets (see the module's docstring)
+            down_columns()
             return
         if self.streamed:
             # across B's rows of blocks, each along A's rows: A read as runs of a few lines
@@ -503,13 +506,7 @@ class _Transpose:
             spec.lda * spec.itemsize, rows.least_count, cols.least_count, self.lanes
         )
         if not tile:
-            # down B's columns: B written as `lanes` streams, A read as one strided stream
-            self.for_range(
-                cols.count,
-                lambda jb: self.for_range(rows.count, lambda ib: at(ib, jb), "ib"),
-                "jb",
-            )
-            tails()
+            down_columns()
             return
 
         # Tiles of up to tile x tile blocks (partial at the far edges), each visited along its
