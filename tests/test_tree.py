@@ -385,6 +385,28 @@ def test_getd_optimization_lays_out_both_operands_for_the_mirror_form():
     assert any(c.kind is NodeKind.PERMUTATION for c in optimized.children)
 
 
+@pytest.mark.parametrize("sizes", [[30, 30, 10, 10, 4, 4, 4, 4, 4, 4], None])
+def test_leaf_copies_keep_within_the_paths_peak_memory(sizes):
+    """The course's opt2_fctn (and scaled down): copying its leaf [0,4,5,6] for the
+    contraction at the memory peak makes an intermediate opt_einsum does not hold on the
+    same path; the optimizer reads that leaf as it lies and lays the rest out around it,
+    within the path's peak (``memory.path_peak``), and the compiled tree still equals the
+    oracle."""
+    from teir.tree.memory import path_peak
+
+    entry = next(e for e in COURSE if e["name"] == "opt2_fctn")
+    sizes = sizes or entry["sizes"]
+    dtype = np.float32
+    tree = teir.EinsumTree.parse(entry["tree"], sizes, dtype=dtype)
+    limit = path_peak(tree.root, sizes, 4)
+    copying = rewrite._layouts(rewrite._conditional_swap(tree.root), sizes, dtype, 2, frozenset())
+    assert rewrite._arena_bytes(copying, sizes, 4) > limit  # what the rule is for
+    compiled = tree.optimize().compile(threads=2)
+    assert compiled.intermediate_bytes <= limit
+    leaves = make_leaves(tree, 7)
+    check(tree, leaves, compiled(*leaves))
+
+
 def test_kernel_efficiency_follows_the_vectorized_extent():
     from teir.codegen.specs import BrgemmSpec
     from teir.tree.cost import kernel_efficiency

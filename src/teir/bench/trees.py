@@ -24,7 +24,7 @@ from teir.bench.timing import best_of_rounds, best_seconds
 from teir.runtime.pool import default_threads
 from teir.tree.einsum_tree import EinsumTree
 from teir.tree.layout import LETTERS
-from teir.tree.memory import Lifetime, live_peak
+from teir.tree.memory import path_peak
 from teir.tree.nodes import Node, NodeKind, leaves, post_order
 
 # The course's trees (lab "einsum_tree": two lowering and three optimization examples).
@@ -87,25 +87,7 @@ def expression(root: Node) -> tuple[str, list[list[int]]]:
 def opt_einsum_peak(root: Node, sizes: list[int], itemsize: int) -> int:
     """Peak intermediate bytes of opt_einsum along the tree's contraction order: each
     contraction's result lives from its step until the step that consumes it."""
-    contractions = [n for n in post_order(root) if n.kind is NodeKind.CONTRACTION]
-    step = {id(n): s for s, n in enumerate(contractions)}
-
-    def consumer(node: Node, parent: Node | None) -> dict[int, int]:
-        found: dict[int, int] = {}
-        for child in node.children:
-            target = node if node.kind is NodeKind.CONTRACTION else parent
-            if child.kind is NodeKind.CONTRACTION and target is not None:
-                found[id(child)] = step[id(target)]
-            found.update(consumer(child, target))
-        return found
-
-    last = consumer(root, None)
-    lifetimes = [
-        Lifetime(n.elements(sizes) * itemsize, step[id(n)], last[id(n)])
-        for n in contractions
-        if n is not root and id(n) in last
-    ]
-    return live_peak(lifetimes)
+    return path_peak(root, sizes, itemsize)
 
 
 def run(dtype: str = "f32", seconds: float = 1.0, threads: int | None = None) -> dict[str, Any]:

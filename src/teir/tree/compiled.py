@@ -34,8 +34,8 @@ from teir.ir.layout import is_injective
 from teir.kernels.arrays import data_address
 from teir.runtime.arguments import as_array
 from teir.tree.layout import einsum_text, lonely_ids, row_major_strides, subscripts
-from teir.tree.memory import Arena, Lifetime, free_room, plan_arena
-from teir.tree.nodes import Node, NodeKind, leaves, post_order, to_string, total_flops
+from teir.tree.memory import Arena, free_room, plan_arena, tree_lifetimes
+from teir.tree.nodes import Node, NodeKind, leaves, to_string, total_flops
 from teir.tree.parse import TreeError
 from teir.tree.slabs import Slabs, plan_slabs
 
@@ -105,19 +105,7 @@ class CompiledTree:
 
     # ---- planning ------------------------------------------------------------------------
     def _build(self) -> None:
-        inner = [n for n in post_order(self.root) if n.kind is not NodeKind.LEAF]
-        position = {id(n): s for s, n in enumerate(inner)}
-        last_use = {id(n): position[id(n)] for n in inner}
-        for s, node in enumerate(inner):
-            for child in node.children:
-                if child.kind is not NodeKind.LEAF:
-                    last_use[id(child)] = s
-        buffered = [n for n in inner if n is not self.root]
-        itemsize = self.dtype.itemsize
-        lifetimes = [
-            Lifetime(n.elements(self.sizes) * itemsize, position[id(n)], last_use[id(n)])
-            for n in buffered
-        ]
+        inner, buffered, lifetimes = tree_lifetimes(self.root, self.sizes, self.dtype.itemsize)
         self.arena_plan: Arena = plan_arena(lifetimes)
         offsets = {id(n): o for n, o in zip(buffered, self.arena_plan.offsets)}
         self._arena = aligned_empty((self.arena_plan.nbytes,), np.uint8)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from teir.tree.nodes import Node, NodeKind, post_order
+
 ALIGN = 64
 
 
@@ -92,4 +94,56 @@ def free_room(lifetimes: Sequence[Lifetime], arena: Arena, step: int) -> tuple[i
     return best
 
 
-__all__ = ["Arena", "Lifetime", "free_room", "live_peak", "plan_arena"]
+def tree_lifetimes(
+    root: Node, sizes: Sequence[int], itemsize: int
+) -> tuple[list[Node], list[Node], list[Lifetime]]:
+    """The tree's steps (its inner nodes, in the order they are computed: post-order), its
+    intermediates (those steps but the root, which is the result) and their lifetimes."""
+    inner = [n for n in post_order(root) if n.kind is not NodeKind.LEAF]
+    position = {id(n): s for s, n in enumerate(inner)}
+    last_use = {id(n): position[id(n)] for n in inner}
+    for s, node in enumerate(inner):
+        for child in node.children:
+            if child.kind is not NodeKind.LEAF:
+                last_use[id(child)] = s
+    buffered = [n for n in inner if n is not root]
+    lifetimes = [
+        Lifetime(n.elements(sizes) * itemsize, position[id(n)], last_use[id(n)]) for n in buffered
+    ]
+    return inner, buffered, lifetimes
+
+
+def path_peak(root: Node, sizes: Sequence[int], itemsize: int) -> int:
+    """Peak intermediate bytes of a library that runs the tree's contractions in its order
+    and frees each result after the step that consumes it (opt_einsum on the same path):
+    permutations are views there, so only contraction results count."""
+    contractions = [n for n in post_order(root) if n.kind is NodeKind.CONTRACTION]
+    step = {id(n): s for s, n in enumerate(contractions)}
+
+    def consumer(node: Node, parent: Node | None) -> dict[int, int]:
+        found: dict[int, int] = {}
+        for child in node.children:
+            target = node if node.kind is NodeKind.CONTRACTION else parent
+            if child.kind is NodeKind.CONTRACTION and target is not None:
+                found[id(child)] = step[id(target)]
+            found.update(consumer(child, target))
+        return found
+
+    last = consumer(root, None)
+    lifetimes = [
+        Lifetime(n.elements(sizes) * itemsize, step[id(n)], last[id(n)])
+        for n in contractions
+        if n is not root and id(n) in last
+    ]
+    return live_peak(lifetimes)
+
+
+__all__ = [
+    "Arena",
+    "Lifetime",
+    "free_room",
+    "live_peak",
+    "path_peak",
+    "plan_arena",
+    "tree_lifetimes",
+]
