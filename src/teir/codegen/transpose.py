@@ -76,6 +76,10 @@ DIAGONAL_TILE = 8
 # 128²: 64 % -> 78 %)
 SHIFT_BLOCKS = 8
 
+# ... and in a tile gone down crowded columns (``crowded_columns``), A's columns from this
+# many blocks on: its lines then serve one block each instead of two a column of blocks apart
+DOWN_SHIFT_BLOCKS = 2
+
 # shifted columns at least this long, from rows of A at least this long, are crossed in rows of
 # blocks (_Transpose.shifted_columns)
 ACROSS_BYTES = 256
@@ -434,10 +438,14 @@ class _Transpose:
         rows = self.axis(spec.m, "%B", spec.ldb, masked_edges=True)
         # A's rows keep their alignment where both of its leading dimensions do
         lda = math.gcd(spec.lda, spec.lda_outer) if spec.m_inner else spec.lda
-        # B's columns crowding an L1 set are gone down, A's grid shifted from two blocks on
+        # B's columns crowding an L1 set are gone down, A's grid shifted
         down = self.streamed and crowded_columns(spec.ldb * spec.itemsize, self.lanes)
         cols = self.axis(
-            spec.n, "%A", lda, shift=down or not self.streamed, least=2 if down else SHIFT_BLOCKS
+            spec.n,
+            "%A",
+            lda,
+            shift=down or not self.streamed,
+            least=DOWN_SHIFT_BLOCKS if down else SHIFT_BLOCKS,
         )
         self.masked_rows = rows.masked_edges
         self.joined = spec.joined and self.masked_rows and spec.m >= self.lanes

@@ -499,7 +499,7 @@ def make_plan(
         already = all(
             "".join(op.labels) == order and op.array.flags.c_contiguous
             for op, order in zip(inputs, orders)
-        ) and dense_in("".join(plan.out_memory), out_strides, sizes, orders[2])
+        ) and dense_in(output, out_strides, sizes, orders[2])
         if not already:  # copies into these orders fit a kernel (and are not made twice)
             plan.canonical = orders
             plan.for_small_tiles = not other_reasons
@@ -912,17 +912,13 @@ def canonical_orders(
     return "".join(c + k + m), "".join(c + n + k), "".join(c + n + m)
 
 
-def dense_in(memory: str, strides: dict[str, int], sizes: dict[str, int], order: str) -> bool:
-    """Whether a tensor of these element strides, whose labels lie in ``memory`` (outermost
-    first), is laid out densely in ``order``, as a contiguous copy in that order would be."""
-    if memory != order:
-        return False
-    expected = 1
-    for label in reversed(order):
-        if sizes[label] > 1 and strides[label] != expected:
-            return False
-        expected *= sizes[label]
-    return True
+def dense_in(
+    labels: Sequence[str], strides: dict[str, int], sizes: dict[str, int], order: str
+) -> bool:
+    """Whether a tensor of ``labels`` with these element strides is laid out densely in
+    ``order`` (outermost first), as a contiguous copy in that order would be."""
+    dense = order_strides(tuple(labels.index(x) for x in order), labels, sizes)
+    return all(strides[x] == dense[x] for x in labels if sizes[x] > 1)
 
 
 def labels_in_memory(

@@ -517,13 +517,13 @@ def unary(problem: Problem) -> tuple[Problem, str]:
     # 32 -> 42 GB/s, FP64 30 -> 46, ijk->kji 256x256x64 FP64 28 -> 50, ij->ji 4000x3000
     # FP32 22 -> 37. Within the caches, 64 x 64 (ij->ji 1000^2 FP32: 84 GB/s against 54
     # with 16 x 16).
-    in_memory = copy_outgrows_cache(prod(a.size for a in axes), itemsize)
+    elements = prod(a.size for a in axes)
+    in_memory = copy_outgrows_cache(elements, itemsize)
     # (target, least, most, preferred multiple) elements along the output's unit stride (the
     # row) and in0's
     transpose_tiles = {True: (256, 128, 512, 16), False: (128, 64, 256, 16)}
     if not in_memory:
         transpose_tiles = {True: (64, 16, 256, 16), False: (64, 16, 256, 16)}
-    elements = prod(a.size for a in axes)
     if column is not None and crowded_beyond_l2(
         column.stride(Tensor.OUT), transposed, elements, itemsize
     ):
