@@ -529,13 +529,16 @@ def test_explain_names_streamed_and_joined_copies(subscripts, shape, joined):
         ("ijklm->ikmjl", "FP64", 8, True),  # along l
         ("ijkl->lkji", "FP32", 16, False),  # scattered along both i and j
         ("ijkl->ljki", "FP64", 32, False),  # rows of 256 bytes: tiles of their own, joined
+        ("abcd->dacb", "FP32", 16, True),  # runs in blocks of 2 (crowded strides)
+        ("abcd->dacb", "FP64", 16, False),  # ... which FP64 leaves to tiles of their own
     ],
 )
 def test_short_transposed_rows_join_the_next_axis(monkeypatch, subscripts, dtype, size, runs):
     """A transpose between buffers in memory whose output rows are short (below
     ``RUNS_ROW_BYTES``) takes the axis that continues them in the output into the tile, so
     that the kernel stores long columns and reads in0 in runs of rows, where those runs follow
-    each other in in0; results equal NumPy's at every offset of the output from a line."""
+    each other in in0 and (FP64) come in blocks of at least ``LEAST_RUNS_BLOCK``; results
+    equal NumPy's at every offset of the output from a line."""
     import teir.lower.tiles as tiles
     from teir.lower.nest import lower
 

@@ -65,6 +65,15 @@ REDUCTION_RUN_BYTES = 8 * 1024
 # from the runs: ijklm->ikmjl 24^5 FP64 (192 bytes) 27-29 -> 38-40, abcd->dacb 43x19x77x75
 # FP32 (76 bytes) 27-31 -> 54 (twelve random ones of 64-255 bytes: mixed, 0.6-2x either way).
 RUNS_ROW_BYTES = 256
+# ... and only runs blocks of at least this many rows: FP64 transposes whose runs came in
+# blocks of 2 (crowded strides: CROWDED_ROW_BYTES cuts the tile's columns) ran faster as tiles
+# of their own in 6 of 7 random 4-5-D ones on Zen 5 (2 threads, geometric mean over 16
+# offsets of both arrays from a line, alternating processes: abcd->dacb 200x16x24x128
+# 36 -> 58 GB/s, abcd->dbac 32x48x20x200 54 -> 87, 64x128x16x48 34 -> 48, abcde->cebad
+# 8x64x24x16x32 35 -> 45, abcd->dbca 24x16x64x128 58 -> 74; abcd->bdac 128x8x24x100 152 ->
+# 144). FP32's went either way (0.5-1.5x: dacb 48x32x48x40 99 -> 68, adcb 200x32x64x40 32 ->
+# 47), so they keep blocks of 2.
+LEAST_RUNS_BLOCK = {4: 2, 8: 3}
 # A contraction of at least SHARED_FLOPS gets a tile per thread, of more than BALANCED_FLOPS
 # two, so that a thread finishing early finds another. A parallel call costs about a
 # microsecond: 64^3 FP32 on 2 threads 5.6 -> 4.9 us, 80^3 9.9 -> 7.1 (48^3 would lose,
@@ -548,7 +557,9 @@ def unary(problem: Problem) -> tuple[Problem, str]:
         # as many rows as make the row's tile length, in any multiple
         target, low, high, _ = (-(-length // row.size) for length in transpose_tiles[True])
         runs_block = block_size(runs.size, target, low, high, 1)
-        if runs_block <= high:
+        if runs_block < LEAST_RUNS_BLOCK[itemsize]:
+            runs = None
+        elif runs_block <= high:
             sized.append((runs, (runs_block, runs_block, runs_block, 1)))
         else:  # no block of a useful length
             runs = None
