@@ -21,12 +21,9 @@ import numpy as np
 
 from teir.buffers import aligned_empty
 from teir.frontend.einsum_plan import (
-    RELAYOUT_FLOPS_PER_ELEMENT,
     Plan,
     kernel_shortfall,
     make_plan,
-    other_kernel,
-    outer_untransposed,
     placeholder,
 )
 from teir.frontend.split_reduction import chain_length, chain_too_long
@@ -37,7 +34,7 @@ from teir.tree.layout import einsum_text, lonely_ids, row_major_strides, subscri
 from teir.tree.memory import Arena, free_room, plan_arena, tree_lifetimes
 from teir.tree.nodes import Node, NodeKind, leaves, to_string, total_flops
 from teir.tree.parse import TreeError
-from teir.tree.slabs import Slabs, plan_slabs
+from teir.tree.slabs import Slabs, plan_slabs, worth_slabs
 
 LEAF, BUFFER, RESULT = "leaf", "buffer", "result"
 
@@ -186,9 +183,7 @@ class CompiledTree:
         if (
             len(node.children) == 2
             and not (root and self.accumulate)  # the permutation of a slab overwrites
-            and other_kernel(plan)
-            and not outer_untransposed(plan)
-            and node.flops(self.sizes) >= RELAYOUT_FLOPS_PER_ELEMENT * node.elements(self.sizes)
+            and worth_slabs(node, plan, self.sizes)
         ):
             strides = [self._strides(c, s) for c, s in zip(node.children, inputs)]
             strides.append(self._strides(node, output))

@@ -21,6 +21,7 @@ from teir.tree.cost import is_generic, node_cost
 from teir.tree.layout import roles
 from teir.tree.memory import path_peak, plan_arena, tree_lifetimes
 from teir.tree.nodes import Node, NodeKind, post_order
+from teir.tree.slabs import slab_ids
 
 
 def swap_operands(node: Node) -> Node:
@@ -238,6 +239,48 @@ def _layouts(
     return drop_identities(legalize(node, sizes, dtype, threads))
 
 
+# A child re-laid for its parent's slabs may cost this much more, by the model, than before.
+SLAB_LAYOUT_SLACK = 1.03
+
+
+def _slab_friendly(
+    node: Node, sizes: Sequence[int], dtype: Any, threads: int, root: bool = True
+) -> Node:
+    """The tree with each intermediate that a node computed in slabs reads laid out with the
+    ids those slabs iterate over outermost (:func:`teir.tree.slabs.slab_ids`), so that each
+    slab reads one contiguous block of it, streamed from memory, instead of pieces scattered
+    over all of it; where the cost model rates child and parent within ``SLAB_LAYOUT_SLACK``
+    of before and the slabs stay the same. GETD's root, in slabs of one index of id 5,
+    reading ``[4,9,5,6,2]`` (190 MiB) laid out ``[5,4,9,6,2]``: FP64, 2 threads, alternating
+    runs, 176.6-184.5 -> 171.7-181.1 ms per call (median 182 -> 175), FP32 79.7-82.2 ->
+    78.6 ms."""
+    if node.kind is NodeKind.LEAF:
+        return node
+    children = list(node.children)
+    lead = slab_ids(node, sizes, dtype, threads, root)
+    for child in children if lead else []:
+        front = [i for i in lead if i in child.ids]
+        if child.kind is not NodeKind.CONTRACTION or not front:
+            continue
+        if list(child.ids[: len(front)]) == front:
+            continue
+        moved = reorder(child, front + [i for i in child.ids if i not in front])
+        trial = [moved if c is child else c for c in children]
+        before = node.with_children(children)
+        after = node.with_children(trial)
+        if (
+            _cost(moved, sizes, dtype, threads)
+            <= SLAB_LAYOUT_SLACK * _cost(child, sizes, dtype, threads)
+            and _cost(after, sizes, dtype, threads)
+            <= SLAB_LAYOUT_SLACK * _cost(before, sizes, dtype, threads)
+            and slab_ids(after, sizes, dtype, threads, root) == lead
+        ):
+            children = trial
+    return node.with_children(
+        [_slab_friendly(c, sizes, dtype, threads, root=False) for c in children]
+    )
+
+
 def optimize_tree(node: Node, sizes: Sequence[int], dtype: Any, threads: int) -> Node:
     """The tree rewritten for speed: operands swapped by the course's convention, interior
     layouts and permutation nodes chosen by the cost model, no scalar-fallback kernels, and
@@ -264,7 +307,7 @@ def optimize_tree(node: Node, sizes: Sequence[int], dtype: Any, threads: int) ->
         if smallest is None or smallest[0] >= arena:
             break
         arena, as_they_lie, node = smallest
-    return node
+    return _slab_friendly(node, sizes, dtype, threads)
 
 
 __all__ = [

@@ -24,10 +24,17 @@ import numpy as np
 
 from teir.codegen.target import l3_share
 from teir.frontend.einsum_parse import Subscripts
-from teir.frontend.einsum_plan import Plan, make_plan, outer_untransposed, placeholder
+from teir.frontend.einsum_plan import (
+    RELAYOUT_FLOPS_PER_ELEMENT,
+    Plan,
+    make_plan,
+    other_kernel,
+    outer_untransposed,
+    placeholder,
+)
 from teir.ir import DimType, Tensor
-from teir.tree.layout import label, roles
-from teir.tree.nodes import Node
+from teir.tree.layout import label, roles, row_major_strides, subscripts
+from teir.tree.nodes import Node, NodeKind
 
 # A slab is written and read back within the caches: at most half this process's share of
 # the last level (``l3_share``), and at least this many elements, so that its two calls (a
@@ -73,6 +80,50 @@ class Slabs:
             *self.permutation.explain().splitlines()[1:],
         ]
         return "\n".join(lines)
+
+
+def worth_slabs(node: Node, plan: Plan, sizes: Sequence[int]) -> bool:
+    """Whether the two-operand ``node``, planned as ``plan`` in its own order, is worth
+    computing in slabs of another: its kernel fills its lanes but is neither the plain
+    outer-product one nor the one that packs its A tile, and the node does enough arithmetic
+    per element to pay for permuting its result."""
+    return (
+        len(node.children) == 2
+        and other_kernel(plan)
+        and not outer_untransposed(plan)
+        and node.flops(sizes) >= RELAYOUT_FLOPS_PER_ELEMENT * node.elements(sizes)
+    )
+
+
+def slab_ids(
+    node: Node, sizes: Sequence[int], dtype: Any, threads: int, root: bool
+) -> tuple[int, ...]:
+    """The ids whose indices the slabs of ``node`` iterate over, outermost first, where
+    compiling it with its operands and itself row-major in their ids (as a tree's
+    intermediates lie) runs it in slabs, given all the room slabs may take; () where it
+    would not. ``root``: the node is the tree's result (allocated per call)."""
+    if node.kind is not NodeKind.CONTRACTION or len(node.children) != 2:
+        return ()
+    dtype = np.dtype(dtype)
+    tensors = [*(c.ids for c in node.children), node.ids]
+    views = [placeholder([sizes[i] for i in ids], None, dtype) for ids in tensors]
+    plan, _ = make_plan(
+        subscripts(node),
+        views[:2],
+        views[2],
+        False,
+        False,
+        threads,
+        relayout=False,
+        resident_output=not root,
+    )
+    if not _runs_whole(plan) or not worth_slabs(node, plan, sizes):
+        return ()
+    strides = [row_major_strides(ids, sizes) for ids in tensors]
+    slabs = plan_slabs(node, sizes, strides, dtype, threads, False, (0, l3_share() // 2))
+    if slabs is None:
+        return ()
+    return slabs.order[: slabs.depth + (1 if slabs.chunk else 0)]
 
 
 def _orders(node: Node) -> list[tuple[int, ...]]:
@@ -228,4 +279,4 @@ def _runs_whole(plan: Plan) -> bool:
     return not (plan.canonical is not None or plan.empty or any(plan.reductions))
 
 
-__all__ = ["SLAB_LEAST_ELEMENTS", "Slabs", "plan_slabs"]
+__all__ = ["SLAB_LEAST_ELEMENTS", "Slabs", "plan_slabs", "slab_ids", "worth_slabs"]
