@@ -180,11 +180,8 @@ class CompiledTree:
                 "that into parts, for accuracy",
             )
         slabs = None
-        if (
-            len(node.children) == 2
-            and not (root and self.accumulate)  # the permutation of a slab overwrites
-            and worth_slabs(node, plan, self.sizes)
-        ):
+        if not (root and self.accumulate) and worth_slabs(node, plan, self.sizes):
+            # (not when accumulating into the root: the permutation of a slab overwrites)
             strides = [self._strides(c, s) for c, s in zip(node.children, inputs)]
             strides.append(self._strides(node, output))
             slabs = plan_slabs(

@@ -102,7 +102,7 @@ def slab_ids(
     compiling it with its operands and itself row-major in their ids (as a tree's
     intermediates lie) runs it in slabs, given all the room slabs may take; () where it
     would not. ``root``: the node is the tree's result (allocated per call)."""
-    if node.kind is not NodeKind.CONTRACTION or len(node.children) != 2:
+    if node.kind is not NodeKind.CONTRACTION:
         return ()
     dtype = np.dtype(dtype)
     tensors = [*(c.ids for c in node.children), node.ids]
