@@ -124,7 +124,8 @@ class Prefetch:
 
 def prefetch_lines(spec: BrgemmSpec, prefetch: Prefetch) -> tuple[int, int]:
     """The cache lines of the next A and B tiles the kernel prefetches (0: none of that one):
-    a tile is prefetched whole when it fills most of its extent and, with the one before it,
+    a tile is prefetched whole when it fills most of its extent (or each of its batch
+    elements fills most of its own: :func:`prefetch_blocks`) and, with the one before it,
     fits its part of L2; none where the kernel is too short for them."""
     budget = cache_sizes()["L2"] // PREFETCH_L2_PART
     full_lanes = 64 // spec.itemsize  # the FMAs of 512-bit vectors
@@ -136,13 +137,41 @@ def prefetch_lines(spec: BrgemmSpec, prefetch: Prefetch) -> tuple[int, int]:
         (prefetch.b, spec.extent_b(), spec.k * spec.n * spec.batch),
     )
     for index, (wanted, extent, elements) in enumerate(tiles):
-        size = extent * spec.itemsize
-        if wanted and elements >= PREFETCH_LEAST_FILL * extent and used + size <= budget:
+        if not wanted:
+            continue
+        blocks = prefetch_blocks(spec, index)
+        if blocks is not None:
+            size = spec.batch * blocks[0] * LINE_BYTES
+        elif elements >= PREFETCH_LEAST_FILL * extent:
+            size = extent * spec.itemsize
+        else:
+            continue
+        if used + size <= budget:
             used += size
             lines[index] = -(-size // LINE_BYTES)
     if fmas < PREFETCH_LEAST_FMAS * (lines[0] + lines[1]):
         return 0, 0
     return lines[0], lines[1]
+
+
+def prefetch_blocks(spec: BrgemmSpec, index: int) -> tuple[int, int] | None:
+    """(lines per batch element, bytes from one element to the next) where the tile of A
+    (``index`` 0) or B (1) is prefetched a block per batch element: its elements lie apart
+    (the tile fills less than ``PREFETCH_LEAST_FILL`` of its extent) but each one fills most
+    of its own. GETD's root slab reads B as 10 blocks of 8000 bytes 200 KB apart; None
+    where the tile is prefetched as one run of lines (or not at all)."""
+    one = replace(spec, batch=1)
+    extent, element_extent, stride = (
+        (spec.extent_a(), one.extent_a(), spec.stride_a)
+        if index == 0
+        else (spec.extent_b(), one.extent_b(), spec.stride_b)
+    )
+    elements = spec.m * spec.k if index == 0 else spec.k * spec.n
+    if spec.batch < 2 or elements * spec.batch >= PREFETCH_LEAST_FILL * extent:
+        return None
+    if elements < PREFETCH_LEAST_FILL * element_extent:
+        return None
+    return -(-element_extent * spec.itemsize // LINE_BYTES), stride * spec.itemsize
 
 
 def prefetched_lines(
@@ -990,7 +1019,7 @@ class _Emitter:
         (:meth:`spreads_prefetches`) the runs wait in ``pending_prefetch`` for it
         (:meth:`k_loop`); otherwise they go out at once, before the block."""
         spread = self.spreads_prefetches()
-        for base, lines in zip(("%PA", "%PB"), lines_ab):
+        for index, (base, lines) in enumerate(zip(("%PA", "%PB"), lines_ab)):
             if not lines:
                 continue
             share = -(-lines // blocks)
@@ -999,8 +1028,30 @@ class _Emitter:
             # a run of `share` lines from the block's first; the last blocks' runs end at the
             # tile's last line (they repeat lines, past the tile they would read nothing)
             first = self.f.umin_i64(self.f.mul_i64(block, share), lines - share)
-            run = self.f.gep("i8", base, self.f.mul_i64(first, LINE_BYTES))
-            self.prefetch_run(self.line_of_run(run), share, spread)
+            per_element = prefetch_blocks(self.spec, index)
+            if per_element is None:
+                run = self.f.gep("i8", base, self.f.mul_i64(first, LINE_BYTES))
+                self.prefetch_run(self.line_of_run(run), share, spread)
+            else:
+                self.prefetch_run(self.line_of_blocks(base, first, *per_element), share, spread)
+
+    def line_of_blocks(
+        self, base: str, first: str | int, block_lines: int, block_bytes: int
+    ) -> Callable[[str | int], str]:
+        """The address of line ``first + i`` of a tile prefetched a block per batch element
+        (:func:`prefetch_blocks`): blocks of ``block_lines`` lines ``block_bytes`` apart.
+        A block's last line is addressed by its last byte at most, never past it."""
+        f = self.f
+        extent = replace(self.spec, batch=1)
+        last = (extent.extent_a() if base == "%PA" else extent.extent_b()) * extent.itemsize - 1
+
+        def address(line: str | int) -> str:
+            index = f.add_i64(first, line)
+            element, within = f.udiv_i64(index, block_lines), f.urem_i64(index, block_lines)
+            byte = f.umin_i64(f.mul_i64(within, LINE_BYTES), last)
+            return f.gep("i8", base, f.add_i64(f.mul_i64(element, block_bytes), byte))
+
+        return address
 
     def line_of_run(self, run: str) -> Callable[[str | int], str]:
         """The address of line i of the contiguous lines from ``run``."""
