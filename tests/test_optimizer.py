@@ -706,12 +706,17 @@ def test_shared_loops_balance_the_threads(sizes, threads, shared):
         ((64, 64, 8), (96, 96, 8), 3, 4, (64, 48)),
         # no divisor down to the floors reaches the count: the most tiles there are
         ((16, 16, 16), (13, 13, 8), 1, 4, (16, 13)),
+        # 25 tiles of 64 split 13/12 between 2 threads: 40 tiles of 40 (whole vectors of 8;
+        # 32 of 50 would read less but fill 50 of 56 lanes)
+        ((1600, 64, 8), (97, 97, 8), 1, 4, (40, 97)),
+        # 5 tiles of 200: those that split evenly (10 of 100, 8 of 125) fill fewer lanes
+        ((1000, 200, 8), (8, 8, 8), 1, 4, (200, 8)),
     ],
 )
 def test_tiles_for_the_threads_read_the_least(row, column, others, wanted, blocks):
     from teir.optimizer.primitive import _shared_blocks
 
-    assert _shared_blocks(row, column, others, wanted) == blocks
+    assert _shared_blocks(row, column, others, wanted, 2) == blocks
 
 
 def test_a_gemm_with_one_output_tile_is_cut_both_ways_for_two_threads():

@@ -174,7 +174,9 @@ def _small_result(plan: Any, operation: Any, threads: int) -> bool:
 # loops, a result per thread is at most this part of the operands' elements, and the
 # operation is estimated to take this long on one core. Random binary einsums of small
 # results that this cuts (2 threads, alternating): FP32 agh,aegd->ehd (h 64, d 40, a 100,
-# e 7, g 100; 7 tiles) 2.15 -> 1.80 ms, 8 more 1.0-1.5x; FP64 gbef,ebag->af 4.4 -> 1.6 ms,
+# e 7, g 100; 7 tiles) 2.15 -> 1.80 ms (the optimizer now cuts its h into 14 tiles that
+# split evenly instead: FP32 the same time as this cut, FP64 1.75-1.82 -> 1.81-1.85 ms), 8
+# more 1.0-1.5x; FP64 gbef,ebag->af 4.4 -> 1.6 ms,
 # cgb,cdg->bd 2.8 -> 1.4 ms, hcfb,chef->eb 0.69 -> 0.42 ms, 3 more 1.2-1.5x, dbfe,bae->fda
 # 0.39 -> 0.41-0.45. Left out: FP32 adh,dhec->cea (0.7 ms estimated, 0.14 -> 0.16 ms
 # measured: the temporary and the sum cost more than the idle thread), FP64

@@ -22,6 +22,7 @@ from teir.lower.tiles import (
     output_outgrows_share,
 )
 from teir.optimizer.problem import Axis, Problem
+from teir.optimizer.schedule import splits_evenly
 from teir.optimizer.simplify import block_size, divisors, lane_block, split
 from teir.optimizer.transposed import transposed_tile
 
@@ -308,15 +309,24 @@ def _batch_axis(k_axes: list[Axis], tile: list[Axis]) -> Axis:
 
 
 def _shared_blocks(
-    row: tuple[int, int, int], column: tuple[int, int, int], others: int, wanted: int
+    row: tuple[int, int, int],
+    column: tuple[int, int, int],
+    others: int,
+    wanted: int,
+    threads: int,
 ) -> tuple[int, int]:
     """(row block, column block) that give at least ``wanted`` output tiles (with ``others``
     tiles from the other axes) where the chosen blocks give fewer, each shrunk only to one of
     its size's divisors no smaller than its floor; ``row`` and ``column`` are (size, block,
-    floor). Of those, the blocks that read the least: every column tile rereads the row
-    operand, every row tile the column one (`abc,bcd->ad`, a GEMM of 200 x 3000 x 300, on 2
-    threads: M in 4 tiles of 50 read all of B four times; M and N in 2 x 2 tiles read each
-    operand twice: FP32 90 -> 119 GFLOP/s, FP64 29 -> 34). Failing that, the most tiles."""
+    floor), the row's floor its vector lanes. Of those, the blocks that read the least: every
+    column tile rereads the row operand, every row tile the column one (`abc,bcd->ad`, a GEMM
+    of 200 x 3000 x 300, on 2 threads: M in 4 tiles of 50 read all of B four times; M and N
+    in 2 x 2 tiles read each operand twice: FP32 90 -> 119 GFLOP/s, FP64 29 -> 34). Failing
+    that, the most tiles. Where those tiles split unevenly between the ``threads`` (see
+    ``splits_evenly``), blocks no less than half as large, whose rows fill their vectors as
+    well, that split evenly and read the least of those (FP64 ik,kj->ij 97 x 1601 x 1000's
+    1600 columns: 25 tiles of 64, 13 and 12 per thread, against 40 of 40: 1404-1420 ->
+    1343-1385 us on 2 threads)."""
 
     def options(size: int, block: int, floor: int) -> list[int]:
         return [block] + [d for d in divisors(size) if floor <= d < block]
@@ -327,12 +337,26 @@ def _shared_blocks(
     def traffic(blocks: tuple[int, int]) -> int:
         return (column[0] // blocks[1]) * row[0] + (row[0] // blocks[0]) * column[0]
 
+    def fill(block: int) -> float:
+        return block / (-(-block // row[2]) * row[2])
+
     # the blocks as chosen read the least of all pairs: kept whenever they give enough tiles
     pairs = [(r, c) for r in options(*row) for c in options(*column)]
     enough = [p for p in pairs if tiles(p) >= wanted]
     if not enough:
         return max(pairs, key=lambda p: (tiles(p), -traffic(p)))
-    return min(enough, key=lambda p: (traffic(p), tiles(p), -p[0]))
+    best = min(enough, key=lambda p: (traffic(p), tiles(p), -p[0]))
+    if splits_evenly(tiles(best), threads):
+        return best
+    even = [
+        p
+        for p in enough
+        if splits_evenly(tiles(p), threads)
+        and fill(p[0]) >= fill(best[0])
+        and 2 * p[0] >= best[0]
+        and 2 * p[1] >= best[1]
+    ]
+    return min(even, key=lambda p: (traffic(p), tiles(p), -p[0])) if even else best
 
 
 def contraction(
@@ -439,7 +463,7 @@ def contraction(
     wanted = 2 * threads if work > BALANCED_FLOPS and not matvec else threads
     if threads > 1 and work >= SHARED_FLOPS:
         row_block, column_block = _shared_blocks(
-            (row.size, row_block, lanes), (column.size, column_block, 8), others, wanted
+            (row.size, row_block, lanes), (column.size, column_block, 8), others, wanted, threads
         )
     loops: list[Axis] = []
     prims: list[Axis] = []

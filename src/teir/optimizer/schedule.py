@@ -378,6 +378,14 @@ BALANCED_ITERATIONS = 32
 BALANCE_LIMIT = 0.02
 
 
+def splits_evenly(count: int, threads: int) -> bool:
+    """Whether ``count`` parallel iterations give the ``threads`` balanced work: within
+    ``BALANCE_LIMIT``, or so many per thread that none waits long."""
+    if count >= BALANCED_ITERATIONS * threads:
+        return True
+    return count >= threads and (-(-count // threads) * threads - count) / count <= BALANCE_LIMIT
+
+
 def parallelize(problem: Problem, threads: int) -> tuple[Problem, str]:
     """Mark leading C/M/N loops shared until they give every thread balanced work, passing
     over the K steps of a packed panel (not marked). Never a K loop, and nothing when the
@@ -407,13 +415,8 @@ def parallelize(problem: Problem, threads: int) -> tuple[Problem, str]:
                 continue
             break
         chosen.append(index)
-        count = prod(axes[i].size for i in chosen)
-        imbalance = (-(-count // threads) * threads - count) / count
-        # Balanced to within 2 %, or so many iterations that no thread waits long: GETD's
-        # last step shared 25 iterations 12/13 (4 % idle) before the N loop joined (125).
-        if count >= BALANCED_ITERATIONS * threads or (
-            count >= threads and imbalance <= BALANCE_LIMIT
-        ):
+        # GETD's last step shared 25 iterations 12/13 (4 % idle) before the N loop joined
+        if splits_evenly(prod(axes[i].size for i in chosen), threads):
             break
     if not chosen:
         return problem, "no C/M/N loop to share between threads"
