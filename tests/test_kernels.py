@@ -1376,7 +1376,10 @@ def _prefetched_addresses(
             ai = view(a, i * spec.stride_a, spec.m, spec.k, spec.lda, 1)
         else:
             ai = view(a, i * spec.stride_a, spec.m, spec.k, 1, spec.lda)
-        bi = view(b, i * spec.stride_b, spec.k, spec.n, 1, spec.ldb)
+        if spec.trans_b:
+            bi = view(b, i * spec.stride_b, spec.k, spec.n, spec.ldb, 1)
+        else:
+            bi = view(b, i * spec.stride_b, spec.k, spec.n, 1, spec.ldb)
         expected = expected + ai.astype(np.float64) @ bi.astype(np.float64)
     got = view(c, 0, spec.m, spec.n, 1, spec.ldc)
     tolerance = 1e-3 if dtype is np.float32 else 1e-10  # sums of 600-1000 products of 1 or less
@@ -1431,22 +1434,32 @@ def test_batch_elements_far_apart_are_prefetched_block_by_block(dtype):
 
 
 @pytest.mark.parametrize(
-    "dtype, m, n, k, batch, ldc, beta, prefetched",
+    "dtype, m, n, k, batch, ldc, beta, transposed, form, prefetched",
     [
-        ("f64", 40, 24, 64, 3, 1600, 1, True),
-        ("f32", 37, 11, 16, 4, 53, 1, True),
-        ("f64", 9, 5, 8, 8, 9, 1, True),
-        ("f64", 40, 24, 64, 3, 1600, 0, False),
-        ("f32", 32, 16, 8, 1, 32, 1, False),
+        ("f64", 40, 24, 64, 3, 1600, 1, False, "outer", True),
+        ("f32", 37, 11, 16, 4, 53, 1, False, "outer", True),
+        ("f64", 9, 5, 8, 8, 9, 1, False, "outer", True),
+        ("f64", 40, 24, 64, 3, 1600, 0, False, "outer", False),
+        ("f32", 32, 16, 8, 1, 32, 1, False, "outer", False),
+        # opt2_fctn's root kernel: both operands transposed, C^T in registers
+        ("f32", 20, 60, 8, 8, 400, 1, True, "mirror", True),
+        ("f64", 7, 19, 8, 8, 11, 1, True, "mirror", True),
+        ("f32", 20, 60, 8, 8, 400, 0, True, "mirror", False),
     ],
 )
-def test_blocks_adding_to_c_prefetch_its_lines(dtype, m, n, k, batch, ldc, beta, prefetched):
+def test_blocks_adding_to_c_prefetch_its_lines(
+    dtype, m, n, k, batch, ldc, beta, transposed, form, prefetched
+):
     """A register block that adds its sums to C after a long K loop prefetches the lines of
-    C it will load, every one of them and nothing outside the tile; a block that overwrites C
-    (beta 0) or whose K loop is short (8 steps) prefetches none of C."""
-    spec = BrgemmSpec(dtype, m, n, k, batch, False, False, m, k, ldc, m * k, k * n, beta)
-    if choose_blocking(spec, HOST).form != "outer":
-        pytest.skip("this target's kernel for it is not of the outer form")
+    C it will load, every one of them and nothing outside the tile, in the outer form and in
+    the mirror form (C^T's rows); a block that overwrites C (beta 0) or whose K loop is
+    short (8 steps) prefetches none of C."""
+    lda, ldb = (k, n) if transposed else (m, k)
+    spec = BrgemmSpec(
+        dtype, m, n, k, batch, transposed, transposed, lda, ldb, ldc, m * k, k * n, beta
+    )
+    if choose_blocking(spec, HOST).form != form:
+        pytest.skip(f"this target's kernel for it is not of the {form} form")
     recorded, ranges = _prefetched_addresses(spec)
     low, _ = ranges["C"]
     itemsize = 4 if dtype == "f32" else 8

@@ -1104,19 +1104,28 @@ class _Emitter:
     def prefetch_c_block(
         self, r0: str | int, c0: str | int, rows: int, cols: int, batch: int
     ) -> None:
-        """Prefetch the lines of C an outer-form block adds its sums to (``rows`` from r0 in
-        each of ``cols`` columns from c0) into L1 for writing, where its K loop is long enough
-        to hide them (``C_PREFETCH_LEAST_STEPS``): each vector's first element and the
-        block's last row, all inside the block."""
+        """Prefetch the lines of C a block adds its sums to into L1 for writing, where its K
+        loop is long enough to hide them (``C_PREFETCH_LEAST_STEPS``): an outer-form block's
+        ``rows`` from r0 in each of ``cols`` columns from c0 (each vector's first element and
+        the last row), a mirror-form block's ``cols`` rows of C from c0 in each of its
+        ``rows`` columns from r0 (their first and last elements); all inside the block. The
+        mirror form's opt2_fctn FP32 (a 20 x 60 x 8 x 8 BRGEMM in a K loop, 2 threads,
+        alternating processes): 9.35-9.63 -> 9.11-9.38 ms per call, faster in 12 of 14
+        pairs (about 1.5 %)."""
         if self.spec.k * batch < C_PREFETCH_LEAST_STEPS:
             return
         f, lanes = self.f, self.b.lanes
+        if self.b.form == "mirror":  # the block's rows are columns of C
+            columns, first_column, first_row = rows, r0, c0
+            starts = sorted({0, cols - 1})
+        else:
+            columns, first_column, first_row = cols, c0, r0
+            starts = [v * lanes for v in range(-(-rows // lanes))] + [rows - 1]
         self.module.declare("prefetch", "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
-        starts = [v * lanes for v in range(-(-rows // lanes))] + [rows - 1]
-        for col in range(cols):
-            column = f.add_i64(r0, f.mul_i64(f.add_i64(c0, col), self.spec.ldc))
+        for column in range(columns):
+            base = f.add_i64(first_row, f.mul_i64(f.add_i64(first_column, column), self.spec.ldc))
             for start in starts:
-                pointer = f.gep(self.t, "%C", f.add_i64(column, start))
+                pointer = f.gep(self.t, "%C", f.add_i64(base, start))
                 f.emit(f"call void @llvm.prefetch.p0(ptr {pointer}, i32 1, i32 3, i32 1)")
 
     def prefetch_line(self, pointer: str) -> None:
@@ -1396,7 +1405,7 @@ class _Emitter:
             for v in range(vectors)
         ]
         stored_over: bool | str = True if carried else overwrite
-        if overwrite is False and not carried and not mirror:
+        if overwrite is False and not carried:
             self.prefetch_c_block(r0, c0, rows, cols, batch)
 
         def step(accs: list[str], vb: str, bb: str, k: str | int) -> list[str]:
