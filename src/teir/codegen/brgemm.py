@@ -1028,19 +1028,21 @@ class _Emitter:
             # a run of `share` lines from the block's first; the last blocks' runs end at the
             # tile's last line (they repeat lines, past the tile they would read nothing)
             first = self.f.umin_i64(self.f.mul_i64(block, share), lines - share)
-            if prefetch_blocks(self.spec, index) is None:
+            per_element = prefetch_blocks(self.spec, index)
+            if per_element is None:
                 run = self.f.gep("i8", base, self.f.mul_i64(first, LINE_BYTES))
                 self.prefetch_run(self.line_of_run(run), share, spread)
             else:
-                self.prefetch_run(self.line_of_blocks(base, first, index), share, spread)
+                address = self.line_of_blocks(base, first, index, per_element)
+                self.prefetch_run(address, share, spread)
 
-    def line_of_blocks(self, base: str, first: str | int, index: int) -> Callable[[str | int], str]:
+    def line_of_blocks(
+        self, base: str, first: str | int, index: int, blocks: tuple[int, int]
+    ) -> Callable[[str | int], str]:
         """The address of line ``first + i`` of the tile of A (``index`` 0) or B (1) at
-        ``base``, prefetched a block per batch element (:func:`prefetch_blocks`). A block's
-        last line is addressed by its last byte at most, never past it."""
+        ``base``, prefetched a block per batch element (``blocks``: :func:`prefetch_blocks`).
+        A block's last line is addressed by its last byte at most, never past it."""
         f, spec = self.f, self.spec
-        blocks = prefetch_blocks(spec, index)
-        assert blocks is not None
         block_lines, block_bytes = blocks
         one = replace(spec, batch=1)
         last = (one.extent_a() if index == 0 else one.extent_b()) * spec.itemsize - 1

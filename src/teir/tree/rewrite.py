@@ -258,6 +258,7 @@ def _slab_friendly(
         return node
     children = list(node.children)
     lead = slab_ids(node, sizes, dtype, threads, root)
+    cost = _cost(node, sizes, dtype, threads) if lead else 0.0  # of the children kept so far
     for child in children if lead else []:
         front = [i for i in lead if i in child.ids]
         if child.kind is not NodeKind.CONTRACTION or not front:
@@ -266,16 +267,15 @@ def _slab_friendly(
             continue
         moved = reorder(child, front + [i for i in child.ids if i not in front])
         trial = [moved if c is child else c for c in children]
-        before = node.with_children(children)
         after = node.with_children(trial)
+        after_cost = _cost(after, sizes, dtype, threads)
         if (
             _cost(moved, sizes, dtype, threads)
             <= SLAB_LAYOUT_SLACK * _cost(child, sizes, dtype, threads)
-            and _cost(after, sizes, dtype, threads)
-            <= SLAB_LAYOUT_SLACK * _cost(before, sizes, dtype, threads)
+            and after_cost <= SLAB_LAYOUT_SLACK * cost
             and slab_ids(after, sizes, dtype, threads, root) == lead
         ):
-            children = trial
+            children, cost = trial, after_cost
     return node.with_children(
         [_slab_friendly(c, sizes, dtype, threads, root=False) for c in children]
     )
