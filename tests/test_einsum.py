@@ -841,6 +841,63 @@ def test_sizes_without_good_divisors_run_in_regions(subscripts, sizes):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize(
+    ("subscripts", "sizes", "staged"),
+    [
+        # the rest's column of in1 (j = 336), 1000 elements 337 apart
+        ("ik,kj->ij", {"i": 97, "j": 337, "k": 1000}, 1),
+        # the rest's column of in0 (i = 336), alike; in1 stored transposed
+        ("ki,jk->ij", {"i": 337, "j": 97, "k": 1000}, 0),
+        ("jk,ki->ji", {"i": 337, "j": 97, "k": 1000}, 1),
+    ],
+)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_thin_rests_read_a_dense_copy_of_a_strided_input(
+    subscripts, sizes, staged, dtype, threads
+):
+    """A rest region one column thin whose input lies one stride per element reads a dense
+    copy of it, made on each call, instead of running a kernel on one vector lane; the
+    result is the same with out=, accumulate and relu, on strided views too."""
+    from teir.frontend.einsum import clear_plans
+
+    clear_plans()
+    shapes = [[sizes[c] for c in term] for term in subscripts.split("->")[0].split(",")]
+    ops = operands(shapes, dtype)
+    plan = teir.einsum_plan(subscripts, *ops, threads=threads)
+    assert len(plan.regions) == 2
+    assert plan.regions[0].stage is None
+    stage = plan.regions[1].stage
+    assert stage is not None and stage.operand == staged and stage.elements == sizes["k"]
+    assert f"in{staged} ({sizes['k']} elements) copied densely first" in plan.explain()
+    check(subscripts, ops, threads=threads)
+    exact = np.einsum(subscripts, *[o.astype(np.float64) for o in ops])
+    tolerance = 1e-4 if dtype == np.float32 else 1e-11
+    for accumulate in (False, True):
+        base = RNG.uniform(-1, 1, (2 * exact.shape[0], exact.shape[1])).astype(dtype)
+        out = base[::2]
+        start, between = out.copy(), base[1::2].copy()
+        teir.einsum(subscripts, *ops, out=out, accumulate=accumulate, relu=True, threads=threads)
+        expected = np.maximum(exact + (start if accumulate else 0), 0)
+        np.testing.assert_allclose(out, expected, rtol=tolerance, atol=tolerance)
+        np.testing.assert_array_equal(base[1::2], between)
+    # the staged input a strided view itself
+    wide = RNG.uniform(-1, 1, (*ops[staged].shape[:-1], 2 * ops[staged].shape[-1]))
+    views = list(ops)
+    views[staged] = wide.astype(dtype)[..., ::2]
+    check(subscripts, views, threads=threads)
+    clear_plans()
+
+
+def test_thin_rests_too_small_to_pay_for_a_copy_run_as_they_lie():
+    """A rest of 33 x 1 x 33 runs faster as it lies than a copy's call costs (10.7 against 12
+    us): no stage."""
+    ops = operands([(33, 33), (33, 1009)], np.float32)
+    plan = teir.einsum_plan("bc,ca->ba", *ops)
+    assert len(plan.regions) == 2 and all(r.stage is None for r in plan.regions)
+    check("bc,ca->ba", ops)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(
     ("subscripts", "sizes"),
     [
         ("ij,jk->ik", {"i": 37, "j": 1009, "k": 45}),

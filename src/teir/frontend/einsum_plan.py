@@ -33,7 +33,10 @@ from teir.frontend.lane_plan import lane_spec
 from teir.frontend.plan_cost import einsum_cost
 from teir.frontend.result_layout import order_strides, result_order
 from teir.frontend.split_reduction import SplitReduction
+from teir.frontend.staged_region import Stage, stage_region
 from teir.ir import Config, DataType, DimType
+from teir.kernels.arrays import data_address
+from teir.lower.nest import lower
 from teir.lower.tiles import TileOp, copy_outgrows_cache
 from teir.optimizer import optimize_with_log
 from teir.runtime.lane_operation import LaneOperation, compile_lanes
@@ -151,6 +154,8 @@ class Region:
 
     offsets: tuple[int, int, int]
     operation: Operation
+    # an input the operation reads from a dense copy, made on each call (a thin rest)
+    stage: Stage | None = None
 
 
 @dataclass
@@ -205,9 +210,17 @@ class Plan:
         size = self.dtype.itemsize
         for region in self.regions:
             o0, o1, oo = region.offsets
-            region.operation.run_addresses(
-                in0 + o0 * size, in1 + o1 * size if in1 else 0, out + oo * size
-            )
+            a0, a1 = in0 + o0 * size, in1 + o1 * size if in1 else 0
+            stage = region.stage
+            if stage is None:
+                region.operation.run_addresses(a0, a1, out + oo * size)
+                continue
+            buffer = stage.run(a1 if stage.operand else a0)
+            if stage.operand:
+                a1 = data_address(buffer)
+            else:
+                a0 = data_address(buffer)
+            region.operation.run_addresses(a0, a1, out + oo * size)
 
     def explain(self) -> str:
         lines = [
@@ -442,16 +455,29 @@ def make_plan(
     out_strides = result_strides(out, output, out_shape, plan.memory_order)
     plan.out_memory = labels_in_memory(output, out_strides, sizes)
     fields = build_config(dtype, inputs, output, out_strides, sizes, accumulate, relu)
+    staged_lines = []
     for index, (region_fields, offsets) in enumerate(regions(fields, len(inputs) == 2)):
         config, log = optimize_with_log(region_fields, threads, resident_output=resident_output)
+        stage = None
+        if index > 0 and len(inputs) == 2:  # a thin rest: its own inputs may be worth a copy
+            fill = kernel_fill(lower(config).main)
+            count = threads or default_threads()
+            staged = stage_region(region_fields, count, fill, resident_output)
+            if staged is not None:
+                region_fields, stage, line = staged
+                config, _ = optimize_with_log(
+                    region_fields, threads, resident_output=resident_output
+                )
+                staged_lines.append(f"region {index}: {line}")
         operation = compile_config(config, threads, resident_output=resident_output)
-        plan.regions.append(Region(offsets, operation))
+        plan.regions.append(Region(offsets, operation, stage))
         if index == 0:
             plan.config, plan.log, plan.operation = config, log, operation
     if len(plan.regions) > 1:
         plan.log += (
             f"partial tiles: {len(plan.regions)} regions "
             f"{[r.operation.config.dim_sizes for r in plan.regions]}",
+            *staged_lines,
         )
     assert plan.operation is not None
     main = plan.operation.nest.main
