@@ -156,8 +156,9 @@ def test_gemm_larger_than_the_caches_runs_in_panels(monkeypatch):
     assert [t for t, _ in loops] == [teir.DimType.N, teir.DimType.M, teir.DimType.N]
     panel_tiles = loops[2][1]
     prim_n = _prim_sizes(config)["N"]
-    # a panel's tiles of B fit half of the (shrunk) last-level cache per thread
-    assert panel_tiles >= 2 and panel_tiles * prim_n * k * 8 <= 1024 * 1024 // 4
+    # a panel's tiles of B fit the threads' share of the (shrunk) last-level cache
+    share = int(1024 * 1024 * schedule.PANEL_L3_SHARE) // 2
+    assert panel_tiles >= 2 and panel_tiles * prim_n * k * 8 <= share
     rng = np.random.default_rng(3)
     a, b = rng.standard_normal(m * k), rng.standard_normal(n * k)
     c = np.zeros(m * n)  # GEMM without Zero accumulates

@@ -298,6 +298,17 @@ def _operand_tile_bytes(problem: Problem, tensor: Tensor) -> int:
     return elements * problem.primitives.data_type.itemsize
 
 
+# The share of the last-level cache that the threads' panels may fill together. Half had kept
+# 1600^3 FP64 (B tiles of 2 MB) on 2 threads at panels of 2 tiles, whose A tiles are then
+# packed again for every 2 N tiles; three quarters gives panels of 5 (10 MB per thread of 32
+# MB): 85.3-88.1 -> 90.2-91.4 % of the probe (alternating processes, 5 pairs of 6), the 64/25
+# contraction alike 86.5-88.0 -> 90.0-91.1; FP32's inputs the same (93 %, now M shared under
+# one panel of 10); trus,pqtu->pqrs 32x64^3 x 48^2 FP32 (panels of 8 tiles instead of 4)
+# 77.4-78.7 -> 76.1-76.9 ms; no other of the suite and 150 random contractions per dtype
+# changes its plan but one FP64 (bca,ced->edba 24x128x97 x 83x100, the same 21.6 ms).
+PANEL_L3_SHARE = 0.75
+
+
 def panel(problem: Problem, threads: int) -> tuple[Problem, str]:
     """Panels of the outer of the two innermost tile loops (Goto's order) when the inner one
     sweeps more of its operand than L2 holds.
@@ -306,8 +317,8 @@ def panel(problem: Problem, threads: int) -> tuple[Problem, str]:
     (A for an M loop, B for an N loop) and each P tile's operand is reused only within it.
     Splitting P into panels of ``p`` tiles, ordered ``P_panels, Q, P_tiles``, reuses each Q
     tile ``p`` times while it is hot, with the panel's ``p`` tiles of the other operand kept
-    in the last-level cache (half of it, shared by the threads): 1600^3 GEMM FP64 98 -> 102,
-    FP32 196 -> 207 GFLOP/s on 2 cores.
+    in the last-level cache (``PANEL_L3_SHARE`` of it, shared by the threads): 1600^3 GEMM
+    FP64 98 -> 102, FP32 196 -> 207 GFLOP/s on 2 cores.
     """
     if not problem.primitives.prim_main.is_contraction:
         return problem, "no contraction: no panels"
@@ -342,7 +353,7 @@ def panel(problem: Problem, threads: int) -> tuple[Problem, str]:
     if swept <= caches["L2"]:
         return problem, f"the inner loop reads {swept >> 10} KiB, within L2: no panels"
     tile = _operand_tile_bytes(problem, operand_of[outer_loop.dim_type])
-    budget = caches["L3"] // (2 * max(threads, 1))
+    budget = int(caches["L3"] * PANEL_L3_SHARE) // max(threads, 1)
     fitting = [d for d in divisors(outer_loop.size) if d * tile <= budget]
     depth = max(fitting, default=1)
     if depth < 2:
