@@ -851,9 +851,7 @@ def test_sizes_without_good_divisors_run_in_regions(subscripts, sizes):
     ],
 )
 @pytest.mark.parametrize("threads", [1, 2])
-def test_thin_rests_read_a_dense_copy_of_a_strided_input(
-    subscripts, sizes, staged, dtype, threads
-):
+def test_thin_rests_read_a_dense_copy_of_a_strided_input(subscripts, sizes, staged, dtype, threads):
     """A rest region one column thin whose input lies one stride per element reads a dense
     copy of it, made on each call, instead of running a kernel on one vector lane; the
     result is the same with out=, accumulate and relu, on strided views too."""
