@@ -552,6 +552,69 @@ def test_short_transposed_rows_join_the_next_axis(monkeypatch, subscripts, dtype
     _check_permutation_at_every_offset(config, subscripts, size)
 
 
+@pytest.mark.parametrize(
+    ("subscripts", "sizes", "dtype", "runs"),
+    [
+        # rows of 16 bytes (a), in0's rows of 128 (d): runs of b although they lie scattered
+        ("abcd->dcba", {"a": 4, "b": 8, "c": 6, "d": 32}, "FP32", True),
+        ("abcde->ebdca", {"a": 3, "b": 8, "c": 4, "d": 5, "e": 16}, "FP64", True),
+        ("abcd->dcba", {"a": 12, "b": 8, "c": 6, "d": 32}, "FP32", False),  # rows of 48 bytes
+        ("abcd->dcba", {"a": 4, "b": 8, "c": 6, "d": 8}, "FP32", False),  # in0's rows of 32
+    ],
+)
+def test_tiny_transposed_rows_take_scattered_runs(monkeypatch, subscripts, sizes, dtype, runs):
+    """A transpose in memory whose output rows are half a line or less takes the axis that
+    continues them in the output into its tile even where in0's rows lie scattered along
+    both (``SCATTERED_RUNS_ROW_BYTES``), in a tile of about ``SCATTERED_RUNS_ROWS`` rows, as
+    long as in0's rows fill a line; results equal NumPy's at every offset of the output from
+    a line, writing nothing around it."""
+    import teir.lower.tiles as tiles
+    from teir.buffers import aligned_empty
+    from teir.lower.nest import lower
+    from teir.optimizer.primitive import SCATTERED_RUNS_ROWS
+
+    monkeypatch.setattr(tiles, "cache_sizes", lambda: {"L1": 1024, "L2": 2048, "L3": 4096})
+    source, target = subscripts.split("->")
+
+    def strides(labels: str) -> dict[str, int]:
+        step, result = 1, {}
+        for c in reversed(labels):
+            result[c] = step
+            step *= sizes[c]
+        return result
+
+    s_in, s_out = strides(source), strides(target)
+    data = {
+        "data_type": dtype,
+        "prim_main": "Copy",
+        "dim_types": ["C"] * len(source),
+        "exec_types": ["seq"] * len(source),
+        "dim_sizes": [sizes[c] for c in source],
+        "strides_in0": [s_in[c] for c in source],
+        "strides_in1": [0] * len(source),
+        "strides_out": [s_out[c] for c in source],
+    }
+    config, log = teir.optimize_with_log(data, threads=2)
+    main = lower(config).main
+    assert main is not None and main.spec.trans_a
+    assert any("read from in0 in runs" in line for line in log) is runs
+    if runs:
+        tile_rows = main.spec.m
+        assert sizes[target[-1]] < tile_rows <= 2 * SCATTERED_RUNS_ROWS
+    shape = [sizes[c] for c in source]
+    a = np.random.default_rng(3).standard_normal(shape).astype(config.dtype)
+    expected = np.einsum(subscripts, a)
+    run = teir.compile(config, threads=2)
+    count = a.size
+    for shift in (0, 1, 2, 3):
+        buffer = aligned_empty((count + 8,), config.dtype)
+        buffer[:] = np.nan
+        out = buffer[shift : shift + count]
+        run(a, None, out)
+        np.testing.assert_array_equal(out.reshape(expected.shape), expected)
+        assert np.isnan(buffer[:shift]).all() and np.isnan(buffer[shift + count :]).all()
+
+
 def test_row_blocks_fill_whole_vectors():
     """Rows of 1000 FP32 elements go in blocks of 125 (8 vectors, 3 padding lanes), not of
     100 (7 vectors, 12 padding lanes); sizes with a multiple of the lanes keep it."""

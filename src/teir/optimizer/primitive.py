@@ -12,6 +12,7 @@ from math import prod
 from teir.codegen.brgemm import choose_blocking, pack_leading_bytes
 from teir.codegen.specs import BrgemmSpec
 from teir.codegen.target import Target, cache_sizes
+from teir.codegen.transpose import LINE_BYTES
 from teir.ir import DimType, ExecType, PrimFirst, Primitives, PrimLast, PrimMain, Tensor
 from teir.lower.panels import A_SPREAD_BYTES, panel_leading_bytes, panel_limit_bytes
 from teir.lower.tiles import (
@@ -572,14 +573,22 @@ def unary(problem: Problem) -> tuple[Problem, str]:
     # (UnarySpec.joined) where they share a line.
     runs = None
     if transposed and in_memory and row.size * itemsize < RUNS_ROW_BYTES:
-        runs = _continuing(candidates, row, column)
+        assert column is not None
+        # rows of half a line or less, whose tiles of their own store a few bytes per line
+        # each, take runs from anywhere, where in0's rows still come in whole lines
+        tiny = row.size * itemsize <= SCATTERED_RUNS_ROW_BYTES
+        runs = _continuing(candidates, row, column, tiny and column.size * itemsize >= LINE_BYTES)
     sized: list[tuple[Axis | None, tuple[int, int, int, int] | None]] = [
         (row, transpose_tiles[True] if transposed else None),
         (column, transpose_tiles[False] if transposed else None),
     ]
     if runs is not None:
+        assert column is not None
         # as many rows as make the row's tile length, in any multiple
         target, low, high, _ = (-(-length // row.size) for length in transpose_tiles[True])
+        if not _in_sequence(row, column, runs):  # each row from a place of its own
+            target = high = -(-SCATTERED_RUNS_ROWS // row.size)
+            low = min(low, target)
         runs_block = block_size(runs.size, target, low, high, 1)
         if runs_block < LEAST_RUNS_BLOCK[itemsize]:
             runs = None
@@ -637,21 +646,42 @@ def unary(problem: Problem) -> tuple[Problem, str]:
 # power-of-two-heavy sizes 1.21x by geometric mean, none slower beyond the noise.
 CROWDED_ROW_BYTES = 256
 CROWDED_COLUMNS = (512, 128, 1024, 16)
+# A row of at most this many bytes (out's unit stride: 3-8 FP32, 3-4 FP64) whose tile of its
+# own stores that little per line, from tiles far apart, takes runs even where in0's rows
+# lie scattered along both axes, if in0's rows (the column) fill a line: a tile of about
+# SCATTERED_RUNS_ROWS rows (fewer places to read per tile than the runs' usual 256
+# elements). 2 threads, alternating processes, 40 random 3-6-D permutations of 24-80 MB
+# with such rows, whose plans this changes: none slower beyond the noise (0.96x at worst),
+# 1.09-15.7x faster (abcdef->efdbac 16x64x3x8x64x12 FP32 37.6 -> 2.4 ms, abcde->ebdca
+# 3x32x24x64x100 FP32 23.2 -> 3.6 ms, abcd->dcba 8x64x100x128 FP32 3.6 -> 0.79 ms). Longer
+# rows (33-63 bytes) gained as much on some (abcd->dcba 12x128x128x32 FP32 2.6x) and lost on
+# others (abcdef->afecbd 24x32x12x7x8x12 FP64 0.26-0.44x); shorter in0 rows (32-48 bytes)
+# lost (0.5x).
+SCATTERED_RUNS_ROW_BYTES = 32
+SCATTERED_RUNS_ROWS = 64
 
 
-def _continuing(candidates: list[Axis], row: Axis, column: Axis | None) -> Axis | None:
+def _in_sequence(row: Axis, column: Axis, runs: Axis) -> bool:
+    """Whether in0's rows (``column`` long) follow each other in memory along ``row`` or
+    along ``runs``."""
+    return column.size in (row.stride(Tensor.IN0), runs.stride(Tensor.IN0))
+
+
+def _continuing(
+    candidates: list[Axis], row: Axis, column: Axis | None, scattered: bool = False
+) -> Axis | None:
     """The axis that continues ``row`` in the output (stride = the row's size) but lies
     elsewhere in in0 (a stride other than 0 and 1), if any, where in0's rows along it or
     along ``row`` follow each other in memory: the kernel then reads in0 in whole runs of
     rows. Rows scattered along both (ijkl->lkji, ijklm->mlkji) would come from hundreds of
     places per tile, which cost more than the long columns gain (lkji 48^4 FP32 with
-    aligned arrays: 53 -> 32 GB/s)."""
+    aligned arrays: 53 -> 32 GB/s); ``scattered`` accepts them (see
+    ``SCATTERED_RUNS_ROW_BYTES``)."""
     if column is None or row.stride(Tensor.OUT) != 1 or row.stride(Tensor.IN0) <= 1:
         return None
     for axis in candidates:
         if axis is row or axis is column:
             continue
         if axis.stride(Tensor.OUT) == row.size and axis.stride(Tensor.IN0) > 1:
-            in_sequence = column.size in (row.stride(Tensor.IN0), axis.stride(Tensor.IN0))
-            return axis if in_sequence else None
+            return axis if scattered or _in_sequence(row, column, axis) else None
     return None
