@@ -94,12 +94,16 @@ def _orders(fields: dict[str, Any], operand: int) -> list[list[int]]:
 
 
 def _fill(fields: dict[str, Any], threads: int, resident_output: bool) -> float:
-    """The lane fill of the kernel teir.optimize gives ``fields`` (0 where it fails)."""
+    """The lane fill of the BRGEMM kernel teir.optimize gives ``fields`` (0 where it fails
+    or gives another kernel: the generic one fills no lanes at all)."""
     try:
         config, _ = optimize_with_log(fields, threads, resident_output=resident_output)
     except Exception:  # a layout the optimizer cannot schedule is no candidate
         return 0.0
-    return kernel_fill(lower(config).main)
+    main = lower(config).main
+    if main is None or main.kind != "brgemm":
+        return 0.0
+    return kernel_fill(main)
 
 
 def stage_region(
