@@ -305,7 +305,10 @@ def _operand_tile_bytes(problem: Problem, tensor: Tensor) -> int:
 # contraction alike 86.5-88.0 -> 90.0-91.1; FP32's inputs the same (93 %, now M shared under
 # one panel of 10); trus,pqtu->pqrs 32x64^3 x 48^2 FP32 (panels of 8 tiles instead of 4)
 # 77.4-78.7 -> 76.1-76.9 ms; no other of the suite and 150 random contractions per dtype
-# changes its plan but one FP64 (bca,ced->edba 24x128x97 x 83x100, the same 21.6 ms).
+# changes its plan but one FP64 (bca,ced->edba 24x128x97 x 83x100, the same 21.6 ms); square
+# GEMMs of 1024-4096 keep theirs but 1536^3 FP32 (panels of 8, 93-95 -> 95-96 %) and 3072^3
+# FP64 (panels of 2, the same 217-223 GFLOP/s). All of L3 had taken 2048^3 FP64 from 242 to
+# 203-232 GFLOP/s; three quarters leaves it as it was.
 PANEL_L3_SHARE = 0.75
 
 
