@@ -464,10 +464,7 @@ def make_plan(
             count = threads or default_threads()
             staged = stage_region(region_fields, count, fill, resident_output)
             if staged is not None:
-                region_fields, stage, line = staged
-                config, _ = optimize_with_log(
-                    region_fields, threads, resident_output=resident_output
-                )
+                config, stage, line = staged
                 staged_lines.append(f"region {index}: {line}")
         operation = compile_config(config, threads, resident_output=resident_output)
         plan.regions.append(Region(offsets, operation, stage))

@@ -69,6 +69,16 @@ def _elements(fields: dict[str, Any], strides: str) -> int:
     return prod(size for size, s in zip(fields["dim_sizes"], fields[strides]) if s)
 
 
+def dense_strides(sizes: list[int], order: list[int]) -> list[int]:
+    """Element strides of a dense copy of the configuration axes ``order`` (outermost first)
+    of a tensor: the other axes, and those of size 1, get stride 0."""
+    strides, step = [0] * len(sizes), 1
+    for axis in reversed(order):
+        strides[axis] = step if sizes[axis] > 1 else 0
+        step *= sizes[axis]
+    return strides
+
+
 def contraction_cost(fields: dict[str, Any], threads: int) -> float:
     """Estimated cost of the binary contraction ``fields`` (an unscheduled configuration:
     one axis per label), as teir.optimize would schedule it."""
@@ -114,11 +124,7 @@ def copied_cost(fields: dict[str, Any], threads: int) -> float | None:
     def on_copies(orders: tuple[list[int], ...], copied: tuple[int, ...]) -> _Estimate:
         relaid = dict(fields)
         for index in copied:
-            strides, step = [0] * len(sizes), 1
-            for axis in reversed(orders[index]):
-                strides[axis] = step if sizes[axis] > 1 else 0
-                step *= sizes[axis]
-            relaid[names[index]] = strides
+            relaid[names[index]] = dense_strides(sizes, orders[index])
         return _priced(relaid, threads)
 
     def with_copies(estimate: _Estimate, copied: tuple[int, ...]) -> float:
@@ -187,6 +193,7 @@ __all__ = [
     "COPY_FLOPS_PER_BYTE",
     "contraction_cost",
     "copied_cost",
+    "dense_strides",
     "einsum_cost",
     "kernel_efficiency",
 ]

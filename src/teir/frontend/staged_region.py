@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from teir.frontend.copy_choice import COPY_FLOPS_PER_BYTE, kernel_fill
-from teir.frontend.plan_cost import CALL_FLOPS
-from teir.ir import DataType
+from teir.frontend.plan_cost import CALL_FLOPS, dense_strides
+from teir.ir import Config, DataType
 from teir.kernels.arrays import data_address
 from teir.lower.nest import lower
 from teir.optimizer import optimize_with_log
@@ -63,17 +63,6 @@ class Stage:
         return buffer
 
 
-def _dense(fields: dict[str, Any], order: list[int]) -> list[int]:
-    """Element strides of a dense tensor of the configuration's axes ``order`` (outermost
-    first); the other axes get stride 0."""
-    sizes = fields["dim_sizes"]
-    strides, step = [0] * len(sizes), 1
-    for axis in reversed(order):
-        strides[axis] = step if sizes[axis] > 1 else 0
-        step *= sizes[axis]
-    return strides
-
-
 def _orders(fields: dict[str, Any], operand: int) -> list[list[int]]:
     """Dense layouts of input ``operand`` that a kernel fits: its label order in the plain
     product (in0: C, K, M; in1: C, N, K, innermost last) and in the transposed one (in0:
@@ -93,53 +82,55 @@ def _orders(fields: dict[str, Any], operand: int) -> list[list[int]]:
     return [plain, mirrored]
 
 
-def _fill(fields: dict[str, Any], threads: int, resident_output: bool) -> float:
-    """The lane fill of the BRGEMM kernel teir.optimize gives ``fields`` (0 where it fails
-    or gives another kernel: the generic one fills no lanes at all)."""
+def _scheduled(
+    fields: dict[str, Any], threads: int, resident_output: bool
+) -> tuple[float, Config | None]:
+    """The lane fill of the BRGEMM kernel teir.optimize gives ``fields``, with the schedule
+    (0 where it fails or gives another kernel: the generic one fills no lanes at all)."""
     try:
         config, _ = optimize_with_log(fields, threads, resident_output=resident_output)
     except Exception:  # a layout the optimizer cannot schedule is no candidate
-        return 0.0
+        return 0.0, None
     main = lower(config).main
     if main is None or main.kind != "brgemm":
-        return 0.0
-    return kernel_fill(main)
+        return 0.0, None
+    return kernel_fill(main), config
 
 
 def stage_region(
     fields: dict[str, Any], threads: int, fill: float, resident_output: bool
-) -> tuple[dict[str, Any], Stage, str] | None:
+) -> tuple[Config, Stage, str] | None:
     """For a rest region's configuration ``fields`` whose kernel fills ``fill`` of its lanes:
-    the fields with one input read from a dense buffer, that input's copy into it and a line
-    for ``explain``; None where no input is small enough or no copy fills the lanes better
-    by more than it costs."""
+    the region's schedule with one input read from a dense buffer, that input's copy into it
+    and a line for ``explain``; None where no input is small enough or no copy fills the
+    lanes better by more than it costs."""
     if fill >= STAGE_FILL:
         return None
     dtype = DataType(fields["data_type"])
     sizes = fields["dim_sizes"]
     flops = 2.0 * prod(sizes)
-    best: tuple[float, int, list[int]] | None = None
+    best: tuple[float, int, list[int], list[int], Config] | None = None
     for operand, name in enumerate(_STRIDES):
         elements = prod(s for s, stride in zip(sizes, fields[name]) if stride != 0)
         copied = elements * dtype.itemsize
         if copied > STAGE_BYTES:
             continue
         for order in _orders(fields, operand):
-            dense = _dense(fields, order)
+            dense = dense_strides(sizes, order)
             if dense == fields[name]:
                 continue  # already so
-            new_fill = _fill(dict(fields, **{name: dense}), threads, resident_output)
+            new_fill, config = _scheduled(dict(fields, **{name: dense}), threads, resident_output)
             # the FLOP-equivalents saved must pay for the copy and its call
             saved = flops / max(fill, 1e-9) - flops / max(new_fill, 1e-9)
             cost = STAGE_FLOPS + 2 * copied * COPY_FLOPS_PER_BYTE
-            pays = new_fill >= STAGE_FILL and saved > cost
+            pays = config is not None and new_fill >= STAGE_FILL and saved > cost
             if pays and (best is None or new_fill > best[0]):
-                best = (new_fill, operand, order)
+                assert config is not None
+                best = (new_fill, operand, order, dense, config)
     if best is None:
         return None
-    new_fill, operand, order = best
+    new_fill, operand, order, dense, config = best
     name = _STRIDES[operand]
-    dense = _dense(fields, order)
     axes = [a for a in order if sizes[a] > 1] or order[:1]
     copy_fields = {
         "data_type": fields["data_type"],
@@ -161,4 +152,4 @@ def stage_region(
         f"in{operand} ({elements} elements) copied densely first: its kernel fills "
         f"{new_fill:.0%} of the vector lanes instead of {fill:.0%}"
     )
-    return dict(fields, **{name: dense}), stage, line
+    return config, stage, line
