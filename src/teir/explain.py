@@ -82,6 +82,13 @@ def explain(config: Config, name: str | None = None) -> str:
         )
     if not s.loop_axes:
         lines.append("# no loops: the primitives run once on the whole tensors")
+    for index, rest in enumerate(config.rests):
+        o0, o1, oo = rest.offsets
+        lines += [
+            f"# partial tiles: then rest {index} (teir's extension), on in0 + {o0}, "
+            f"in1 + {o1}, out + {oo}:",
+            explain(rest.config, f"rest {index}"),
+        ]
     return "\n".join(lines)
 
 

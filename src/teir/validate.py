@@ -22,6 +22,8 @@ Rule identifiers (``Violation.rule``):
 ``R3``         BRGEMM needs one prim M, one prim N, two prim K axes and no prim C axis
 ``unary``      a unary operation (Copy, ReLU) has only C and M axes: in1 is absent
 ``int64``      sizes, strides and the element extents they span fit in signed 64-bit integers
+``rest``       a partial tile's region (teir's ``rests``) has the configuration's data type and
+               main primitive (GEMM or BRGEMM for either), three offsets >= 0 and no rests
 =============  ==================================================================================
 """
 
@@ -59,6 +61,8 @@ RULES: dict[str, str] = {
     "R3": "BRGEMM needs one prim M, one prim N, two prim K and no prim C axis",
     "unary": "a unary operation (Copy, ReLU) has only C and M axes",
     "int64": "sizes, strides and the extents they span fit in signed 64-bit integers",
+    "rest": "a partial tile's region has the configuration's data type and main primitive, "
+    "offsets >= 0 and no rests of its own",
 }
 
 INT64_MAX = 2**63 - 1

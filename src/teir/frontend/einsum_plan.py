@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import product
 from math import prod
 from typing import Any
 
@@ -37,8 +36,9 @@ from teir.frontend.staged_region import Stage, stage_region
 from teir.ir import Config, DataType, DimType
 from teir.kernels.arrays import data_address
 from teir.lower.nest import lower
-from teir.lower.tiles import TileOp, copy_outgrows_cache
+from teir.lower.tiles import TileOp
 from teir.optimizer import optimize_with_log
+from teir.optimizer.partial import split_regions
 from teir.runtime.lane_operation import LaneOperation, compile_lanes
 from teir.runtime.operation import Operation
 from teir.runtime.operation import compile as compile_config
@@ -457,7 +457,9 @@ def make_plan(
     fields = build_config(dtype, inputs, output, out_strides, sizes, accumulate, relu)
     staged_lines = []
     for index, (region_fields, offsets) in enumerate(regions(fields, len(inputs) == 2)):
-        config, log = optimize_with_log(region_fields, threads, resident_output=resident_output)
+        config, log = optimize_with_log(
+            region_fields, threads, resident_output=resident_output, partial_tiles=False
+        )
         stage = None
         if index > 0 and len(inputs) == 2:  # a thin rest: its own inputs may be worth a copy
             fill = kernel_fill(lower(config).main)
@@ -845,69 +847,27 @@ SHORT_DEPTH = 16
 SHORT_DEPTH_GAIN = 4
 
 
-# Output axes longer than this with no divisor in the block range are split.
-SPLIT_ABOVE = 320
-SPLIT_MULTIPLE = 16
-# ... and K axes longer than this. A K with no good divisor keeps a GEMM from cutting it into
-# batch-reduce steps, so the kernel's operand panels span all of K and outgrow the caches;
-# its main part and the thin rest then run as two regions adding into the same output. One
-# thread, regions against the whole K (FP32, FP64): ij,jk->ik 97 x 4099 x 1000 2.4x, 3.7x;
-# 1601^3 1.2x; 256 x 2003 x 256 1.8x, 2.6x; ki,kj->ij 500 x 500 x 4099 2.0x; ik,jk->ij
-# 1999 x 97 x 2003 1.6x, 1.7x, 500 x 500 x 4099 2.2x, 2.6x, 1000^2 x 1601 1.7x, 0.87x (the
-# one loss: there a GEMM over all of K beats the batch-reduce of K 1600 itself). Below, the
-# rest's extra pass over the output costs more than the panels gain (K 331 at 2000^2 FP32
-# 0.89x; K 1009 at 1000^2 0.98x, at 2000^2 1.22x).
-K_SPLIT_ABOVE = 1000
-
-
 def regions(
     fields: dict[str, Any], binary: bool
 ) -> list[tuple[dict[str, Any], tuple[int, int, int]]]:
-    """The configuration's fields for each region, with its offsets into (in0, in1, out).
-
-    An output axis (C, M or N) whose size has no divisor between 16 and SPLIT_ABOVE is split
-    into a multiple of 16, which tiles well, and the thin rest. Regions along output axes write
-    disjoint parts of the output, so each keeps the first/last primitives; a K axis beyond
-    K_SPLIT_ABOVE is split alike, its rest adding into what its main part wrote (the rest
-    runs later, without the Zero, and only it applies the ReLU). Permutations are split only between
-    buffers in memory: there tiles decide the traffic and give threads loops to share (ij->ji
-    4001 x 2999 FP32 ran as one tile on one thread), while a copy within the caches runs
-    well as one tile and would pay a call per region.
-    """
-    itemsize = DataType(fields["data_type"]).itemsize
-    splits = binary or copy_outgrows_cache(prod(fields["dim_sizes"]), itemsize)
-    pieces: list[list[tuple[int, int]]] = []
-    for dim_type, size in zip(fields["dim_types"], fields["dim_sizes"]):
-        whole = [(0, size)]
-        least = K_SPLIT_ABOVE if dim_type == "K" else SPLIT_ABOVE
-        if not splits or size <= least:
-            pieces.append(whole)
-            continue
-        if any(size % d == 0 for d in range(16, SPLIT_ABOVE + 1)):
-            pieces.append(whole)
-            continue
-        main = size - size % SPLIT_MULTIPLE
-        pieces.append([(0, main), (main, size - main)])
-    split_k = [
-        index
-        for index, dim_type in enumerate(fields["dim_types"])
-        if dim_type == "K" and len(pieces[index]) > 1
-    ]
+    """The configuration's fields for each region (``teir.optimizer.partial``: an axis with
+    no good tile size split into a main part and its thin rest), with its offsets into
+    (in0, in1, out)."""
+    shapes = split_regions(
+        [DimType(t) for t in fields["dim_types"]],
+        fields["dim_sizes"],
+        list(zip(fields["strides_in0"], fields["strides_in1"], fields["strides_out"])),
+        binary,
+        DataType(fields["data_type"]).itemsize,
+    )
     result = []
-    for choice in product(*pieces):
-        region = dict(fields, dim_sizes=[length for _, length in choice])
-        # K pieces add into the same output, in order (the product runs a region's K pieces
-        # one after another, the first before the rest): only the first writes it (Zero),
-        # only the last applies the ReLU, to the whole sum.
-        if any(choice[index] != pieces[index][0] for index in split_k):
+    for shape in shapes:
+        region = dict(fields, dim_sizes=list(shape.sizes))
+        if not shape.keeps_first:
             region["prim_first"] = "None"
-        if any(choice[index] != pieces[index][-1] for index in split_k):
+        if not shape.keeps_last:
             region["prim_last"] = "None"
-        offsets = tuple(
-            sum(start * stride for (start, _), stride in zip(choice, fields[name]))
-            for name in ("strides_in0", "strides_in1", "strides_out")
-        )
-        result.append((region, offsets))
+        result.append((region, shape.offsets))
     return result
 
 

@@ -164,7 +164,7 @@ def _priced(fields: dict[str, Any], threads: int) -> _Estimate:
     itemsize = 4 if fields["data_type"] == "FP32" else 8
     flops = 2.0 * float(prod(fields["dim_sizes"]))
     try:
-        config, _ = optimize_with_log(fields, threads)
+        config, _ = optimize_with_log(fields, threads, partial_tiles=False)
     except Exception:  # a contraction the optimizer cannot schedule runs on the generic one
         return _Estimate(flops / GENERIC_EFFICIENCY, False, None)
     nest = lower(config)

@@ -218,7 +218,7 @@ def rereading(plan: Any, threads: int) -> bool:
     if not large:
         return False
     # one thread's schedule (optimizing fuses the axes cut for the threads back first)
-    alone = lower(optimize(config, threads=1))
+    alone = lower(optimize(config, threads=1, partial_tiles=False))
     return any(_rereads(operation.nest, t) > _rereads(alone, t) for t in large)
 
 

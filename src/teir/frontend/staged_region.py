@@ -88,7 +88,9 @@ def _scheduled(
     """The lane fill of the BRGEMM kernel teir.optimize gives ``fields``, with the schedule
     (0 where it fails or gives another kernel: the generic one fills no lanes at all)."""
     try:
-        config, _ = optimize_with_log(fields, threads, resident_output=resident_output)
+        config, _ = optimize_with_log(
+            fields, threads, resident_output=resident_output, partial_tiles=False
+        )
     except Exception:  # a layout the optimizer cannot schedule is no candidate
         return 0.0, None
     main = lower(config).main
@@ -145,7 +147,7 @@ def stage_region(
         "prim_last": "None",
     }
     # one thread: a copy within the caches is over before a second would start
-    copy_config, _ = optimize_with_log(copy_fields, 1)
+    copy_config, _ = optimize_with_log(copy_fields, 1, partial_tiles=False)
     elements = prod(sizes[a] for a in axes)
     stage = Stage(operand, compile_config(copy_config, 1), elements, np.dtype(dtype.numpy))
     line = (

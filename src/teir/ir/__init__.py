@@ -2,7 +2,7 @@
 
 from teir.ir.enums import DataType, DimType, ExecType, PrimFirst, PrimLast, PrimMain, Tensor
 from teir.ir.files import load, load_all, save
-from teir.ir.records import Config, Primitives, Schedule
+from teir.ir.records import Config, Primitives, Rest, Schedule
 
 __all__ = [
     "Config",
@@ -13,6 +13,7 @@ __all__ = [
     "PrimLast",
     "PrimMain",
     "Primitives",
+    "Rest",
     "Schedule",
     "Tensor",
     "load",

@@ -16,14 +16,19 @@ from typing import Any
 from teir.errors import ValidationError, Violation
 from teir.ir.enums import DataType, DimType, ExecType, PrimFirst, PrimLast, PrimMain, Tensor
 from teir.validate import (
+    INT64_MAX,
     PRIMITIVE_FIELDS,
     SCHEDULE_VECTORS,
     check_config,
     check_primitives,
     check_schedule,
+    is_integer,
 )
 
 FIELDS = PRIMITIVE_FIELDS + SCHEDULE_VECTORS
+# teir's extension of the flat fields: the partial tiles' regions (``Rest``), run after the rest
+# of the configuration. Only teir.optimize writes them; a configuration without them is flat TEIR.
+RESTS = "rests"
 # Fields that may be left out of a flat constructor call or a JSON object.
 DEFAULTS: dict[str, Any] = {"prim_first": "None", "prim_last": "None"}
 
@@ -131,13 +136,25 @@ class Config:
         48
 
     Every violation of every rule is raised together as one :class:`teir.ValidationError`.
+
+    ``rests`` (teir's extension for partial tiles, written by :func:`teir.optimize`) are
+    :class:`Rest` regions: each one's configuration runs after this one's own schedule, on the
+    tensors advanced by its offsets, so that an axis with no good tile size (a prime like 1601)
+    runs as a main part in whole tiles and the peeled rest. ``flops``, ``extents``, the reference
+    and the compiled operation include them.
     """
 
     primitives: Primitives
     schedule: Schedule
+    rests: tuple[Rest, ...]
 
     def __init__(
-        self, primitives: Primitives | None = None, schedule: Schedule | None = None, **flat: Any
+        self,
+        primitives: Primitives | None = None,
+        schedule: Schedule | None = None,
+        *,
+        rests: Any = (),
+        **flat: Any,
     ) -> None:
         if primitives is not None or schedule is not None:
             if flat or not isinstance(primitives, Primitives) or not isinstance(schedule, Schedule):
@@ -162,6 +179,7 @@ class Config:
             primitives, schedule = _build_flat(flat)
         object.__setattr__(self, "primitives", primitives)
         object.__setattr__(self, "schedule", schedule)
+        object.__setattr__(self, "rests", _checked_rests(rests, primitives) if rests else ())
 
     # ---- flat access to the fields -------------------------------------------------------
     @property
@@ -235,7 +253,13 @@ class Config:
     def extent(self, tensor: Tensor | str) -> int:
         """Number of elements an array for ``tensor`` (a Tensor or its name, ``"in0"``) must
         hold (0 when it is not used)."""
-        return self.schedule.span(tensor) if self.uses(tensor) else 0
+        if not self.uses(tensor):
+            return 0
+        index = Tensor.of(tensor).value
+        return max(
+            [self.schedule.span(tensor)]
+            + [r.offsets[index] + r.config.extent(tensor) for r in self.rests]
+        )
 
     @property
     def extents(self) -> tuple[int, int, int]:
@@ -245,7 +269,18 @@ class Config:
     @property
     def flops(self) -> int:
         """Floating-point operations: 2 * product of all dim sizes for GEMM and BRGEMM, else 0."""
-        return 2 * prod(self.dim_sizes) if self.prim_main.is_contraction else 0
+        own = 2 * prod(self.dim_sizes) if self.prim_main.is_contraction else 0
+        return own + sum(r.config.flops for r in self.rests)
+
+    @property
+    def own(self) -> Config:
+        """This configuration without its rests: the region of its own schedule."""
+        return Config(self.primitives, self.schedule) if self.rests else self
+
+    @property
+    def parts(self) -> tuple[Rest, ...]:
+        """Every region in the order it runs: its own schedule (offsets 0), then its rests."""
+        return (Rest((0, 0, 0), self.own), *self.rests)
 
     @property
     def dtype(self) -> Any:
@@ -261,6 +296,8 @@ class Config:
                 v.value if isinstance(v, DimType | ExecType) else v
                 for v in getattr(self.schedule, name)
             ]
+        if self.rests:
+            out[RESTS] = [{"offsets": list(r.offsets), **r.config.to_dict()} for r in self.rests]
         return out
 
     @classmethod
@@ -288,10 +325,14 @@ class Config:
         try:
             return cls(
                 **fields,
+                rests=data.get(RESTS, ()),
                 _unknown=[
                     k
                     for k in data
-                    if isinstance(k, str) and k not in FIELDS and not k.startswith("_")
+                    if isinstance(k, str)
+                    and k not in FIELDS
+                    and k != RESTS
+                    and not k.startswith("_")
                 ],
             )
         except ValidationError as error:
@@ -324,6 +365,19 @@ class Config:
                     for name in unknown
                 ]
             )
+        if self.rests:
+            raise ValidationError(
+                [
+                    Violation(
+                        RESTS,
+                        None,
+                        "rest",
+                        "a configuration with partial tiles' rests cannot be changed field by "
+                        "field (its rests would no longer fit it)",
+                        "change the configuration given to teir.optimize and optimize it again",
+                    )
+                ]
+            )
         fields = {name: getattr(self, name) for name in FIELDS}
         fields.update(changes)
         return Config(**fields)
@@ -334,7 +388,95 @@ class Config:
             f"Config({p.data_type.value}: first={p.prim_first.value} "
             f"main={p.prim_main.value} last={p.prim_last.value})"
         )
-        return head + "\n" + _table(self.schedule)
+        text = head + "\n" + _table(self.schedule)
+        for index, rest in enumerate(self.rests):
+            text += (
+                f"\nrest {index} at offsets {rest.offsets} (partial tiles; first="
+                f"{rest.config.prim_first.value} last={rest.config.prim_last.value}):\n"
+                + _table(rest.config.schedule)
+            )
+        return text
+
+
+@dataclass(frozen=True)
+class Rest:
+    """A region of a configuration that runs after its own schedule (teir's extension for
+    partial tiles): ``config`` on the tensors advanced by ``offsets`` elements (in0, in1, out).
+
+    A rest's configuration has the same data type and main primitive (a GEMM's region may
+    be a BRGEMM and the other way round) and no rests of its own;
+    where it adds into an output part written before (the rest of a summed axis), its first
+    primitive is None and only the last region applies the ReLU.
+    """
+
+    offsets: tuple[int, int, int]
+    config: Config
+
+
+def _checked_rests(value: Any, primitives: Primitives) -> tuple[Rest, ...]:
+    """``value`` (Rest records, or mappings ``{"offsets": [...], **fields}`` as JSON holds
+    them) as validated rests of a configuration with ``primitives``."""
+    found: list[Violation] = []
+
+    def bad(index: int | None, message: str, hint: str) -> None:
+        found.append(Violation(RESTS, index, "rest", message, hint))
+
+    if not isinstance(value, (list, tuple)):
+        bad(None, f"must be a list of regions, got {type(value).__name__}", "write a JSON list")
+        raise ValidationError(found)
+    rests = []
+    for index, entry in enumerate(value):
+        offsets: Any
+        if isinstance(entry, Rest):
+            offsets, config = entry.offsets, entry.config
+        elif isinstance(entry, Mapping):
+            offsets = entry.get("offsets")
+            try:
+                config = Config.from_dict({k: v for k, v in entry.items() if k != "offsets"})
+            except ValidationError as error:
+                for v in error.violations:
+                    bad(index, f"{v.where}: {v.message}", v.hint)
+                continue
+        else:
+            bad(
+                index,
+                f"must be a region object, got {type(entry).__name__}",
+                'write {"offsets": [in0, in1, out], ...the fields of a configuration}',
+            )
+            continue
+        if (
+            not isinstance(offsets, (list, tuple))
+            or len(offsets) != 3
+            or not all(is_integer(o) and 0 <= int(o) <= INT64_MAX for o in offsets)
+        ):
+            bad(
+                index,
+                f"offsets must be three integers >= 0 (in0, in1, out), got {offsets!r}",
+                "give the element offsets of the region in in0, in1 and out",
+            )
+            continue
+        if config.rests:
+            bad(index, "a rest has rests of its own", "list every region in the outer rests")
+        if config.data_type is not primitives.data_type:
+            bad(
+                index,
+                f"has data type {config.data_type.value}, the configuration "
+                f"{primitives.data_type.value}",
+                "give every region the configuration's data type",
+            )
+        both_contract = config.prim_main.is_contraction and primitives.prim_main.is_contraction
+        if config.prim_main is not primitives.prim_main and not both_contract:
+            bad(
+                index,
+                f"has main primitive {config.prim_main.value}, the configuration "
+                f"{primitives.prim_main.value}",
+                "give every region the configuration's main primitive (GEMM and BRGEMM may "
+                "stand for each other)",
+            )
+        rests.append(Rest((int(offsets[0]), int(offsets[1]), int(offsets[2])), config))
+    if found:
+        raise ValidationError(found)
+    return tuple(rests)
 
 
 def parse_json(text: str | bytes, source: str | None = None) -> Any:

@@ -23,10 +23,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from teir.errors import TeirError
-from teir.ir import Config, DimType, PrimFirst, PrimLast, Tensor
+from teir.ir import Config, DimType, PrimFirst, PrimLast, Rest, Tensor
 from teir.ir.layout import is_injective
+from teir.optimizer.partial import describe, problem_regions
 from teir.optimizer.primitive import contraction, unary
-from teir.optimizer.problem import Problem, problem_from
+from teir.optimizer.problem import Problem, problem_from, read_source
 from teir.optimizer.schedule import panel, parallelize, reorder
 from teir.optimizer.simplify import drop_size_one, fuse_coherent
 from teir.runtime.pool import default_threads
@@ -37,8 +38,15 @@ def optimize_with_log(
     threads: int | None = None,
     *,
     resident_output: bool = False,
+    partial_tiles: bool = True,
 ) -> tuple[Config, tuple[str, ...]]:
-    """The optimized configuration and one line per pass saying what it decided."""
+    """The optimized configuration and one line per pass saying what it decided.
+
+    ``partial_tiles=False`` keeps every axis in one region (no ``rests``): for callers that
+    have split the operation into its regions themselves."""
+    config = read_source(config)
+    if isinstance(config, Config) and config.rests:
+        return _optimize_parts(config, threads, resident_output, partial_tiles)
     problem = problem_from(config)
     threads = default_threads() if threads is None else threads
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
@@ -65,6 +73,25 @@ def optimize_with_log(
     for step in (drop_size_one, fuse_coherent):
         problem, text = step(problem)
         log.append(f"{step.__name__}: {text}")
+    regions = problem_regions(problem) if partial_tiles else [(problem, (0, 0, 0))]
+    if len(regions) == 1:
+        scheduled, lines = _schedule(problem, threads, resident_output)
+        return scheduled, (*log, *lines)
+    log.append(f"partial tiles: {describe(problem, regions)}")
+    parts = []
+    for index, (region, offsets) in enumerate(regions):
+        region, _ = drop_size_one(region)  # a rest one element thin
+        scheduled, lines = _schedule(region, threads, resident_output)
+        parts.append(Rest(offsets, scheduled))
+        log += [f"region {index}: {line}" for line in lines]
+    main = parts[0].config
+    return Config(main.primitives, main.schedule, rests=tuple(parts[1:])), tuple(log)
+
+
+def _schedule(problem: Problem, threads: int, resident_output: bool) -> tuple[Config, list[str]]:
+    """The passes after simplification: primitive, loop order, panels, threads."""
+    prims = problem.primitives
+    log = []
     if prims.prim_main.is_contraction:
         problem, text = contraction(problem, threads, resident_output)
         log.append(f"identify primitive: {text}")
@@ -77,7 +104,28 @@ def optimize_with_log(
     log.append(f"panel: {text}")
     problem, text = parallelize(problem, threads)
     log.append(f"parallelize: {text}")
-    return problem.to_config(), tuple(log)
+    return problem.to_config(), log
+
+
+def _optimize_parts(
+    config: Config, threads: int | None, resident_output: bool, partial_tiles: bool
+) -> tuple[Config, tuple[str, ...]]:
+    """A configuration that has rests already: each part optimized on its own (and split
+    further where it needs it), their regions listed in the order the parts run."""
+    parts: list[Rest] = []
+    log: list[str] = []
+    for index, part in enumerate(config.parts):
+        optimized, lines = optimize_with_log(
+            part.config, threads, resident_output=resident_output, partial_tiles=partial_tiles
+        )
+        log += [f"part {index}: {line}" for line in lines]
+        (o0, o1, oo) = part.offsets
+        parts += [
+            Rest((o0 + r.offsets[0], o1 + r.offsets[1], oo + r.offsets[2]), r.config)
+            for r in optimized.parts
+        ]
+    main = parts[0].config
+    return Config(main.primitives, main.schedule, rests=tuple(parts[1:])), tuple(log)
 
 
 def optimize(
@@ -85,6 +133,7 @@ def optimize(
     threads: int | None = None,
     *,
     resident_output: bool = False,
+    partial_tiles: bool = True,
 ) -> Config:
     """An equivalent configuration scheduled for speed on this machine with ``threads``.
 
@@ -93,8 +142,25 @@ def optimize(
     ``resident_output=True`` says the output will be memory reused call after call (an
     ``out`` array, not one allocated for each call): a large one is then tiled in longer
     column runs, to be stored around the caches (compile it with the same flag).
+
+    Partial tiles: an axis with no good tile size (a C, M or N axis above 320, or a K axis
+    above 1000, with no divisor from 16 to 320: 1601, 4099) is split into a main part (a
+    multiple of 16) and its thin rest, and each combination of parts is scheduled as a region
+    of its own: the result's ``rests`` (:class:`teir.ir.Rest`, teir's extension of TEIR) run
+    after its own schedule on the same tensors, and ``explain()`` lists them.
+    ``partial_tiles=False`` keeps every axis whole instead (a flat TEIR configuration).
+
+    >>> import teir
+    >>> cfg = teir.optimize({"data_type": "FP64", "prim_first": "Zero", "prim_main": "GEMM",
+    ...     "dim_types": ["M", "N", "K"], "exec_types": ["seq"] * 3, "dim_sizes": [97, 1601, 300],
+    ...     "strides_in0": [1, 0, 97], "strides_in1": [0, 300, 1], "strides_out": [1, 97, 0]},
+    ...     threads=2)
+    >>> [(rest.offsets, rest.config.flops) for rest in cfg.rests]  # the column j = 1600
+    [((0, 480000, 155200), 58200)]
     """
-    return optimize_with_log(config, threads, resident_output=resident_output)[0]
+    return optimize_with_log(
+        config, threads, resident_output=resident_output, partial_tiles=partial_tiles
+    )[0]
 
 
 __all__ = ["Problem", "optimize", "optimize_with_log"]

@@ -11,7 +11,7 @@ from typing import Any
 
 from teir.errors import ValidationError, Violation
 from teir.ir import Config, DimType, ExecType, Primitives, Schedule, Tensor
-from teir.ir.records import parse_json
+from teir.ir.records import RESTS, parse_json
 from teir.validate import SCHEDULE_VECTORS
 
 
@@ -91,13 +91,27 @@ def _from_mapping(value: Mapping[str, Any]) -> tuple[Primitives, Schedule]:
     return primitives, schedule
 
 
-def problem_from(value: Config | Mapping[str, Any] | str | os.PathLike[str]) -> Problem:
-    """A :class:`Problem` from a configuration, or from a mapping with its fields (or a JSON
-    file holding one) in which the prim axes need not be chosen yet (the course's optimizer
-    inputs are all ``seq``)."""
+def read_source(
+    value: Config | Mapping[str, Any] | str | os.PathLike[str],
+) -> Config | Mapping[str, Any]:
+    """The configuration or mapping that ``value`` is or that the JSON file it names holds;
+    a mapping with partial tiles' ``rests`` (an optimized configuration written out) as the
+    :class:`Config` it describes, since only a whole configuration says how its rests run."""
     if isinstance(value, (str, os.PathLike)):
         source = os.fspath(value)
         value = parse_json(Path(source).read_bytes(), source)
+        if isinstance(value, Mapping) and value.get(RESTS):
+            return Config.from_dict(value, source=source)
+    if isinstance(value, Mapping) and value.get(RESTS):
+        return Config.from_dict(value)
+    return value
+
+
+def problem_from(value: Config | Mapping[str, Any] | str | os.PathLike[str]) -> Problem:
+    """A :class:`Problem` from a configuration, or from a mapping with its fields (or a JSON
+    file holding one) in which the prim axes need not be chosen yet (the course's optimizer
+    inputs are all ``seq``). A configuration's own schedule only: its rests are not read."""
+    value = read_source(value)
     if isinstance(value, Config):
         primitives, schedule = value.primitives, value.schedule
     elif isinstance(value, Mapping):

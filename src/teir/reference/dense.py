@@ -52,12 +52,43 @@ def dense_result(config: Config, in0: Any, in1: Any, out: Any) -> DenseResult:
     Raises :class:`teir.TeirError` if the output has aliasing (the dense form cannot express
     the per-tile first/last semantics then) or the configuration has more than 52 axes.
     """
+    buf0, buf1, buf_out = checked_buffers(config, in0, in1, out)
+    if not config.rests:
+        return _dense_flat(config, buf0, buf1, buf_out)
+    # Partial tiles' rests run after the configuration's own schedule, each on the output as
+    # the parts before it left it (the rest of a summed axis adds into its main part's sums).
+    work = buf_out.copy()
+    scale = np.zeros(work.size)
+    written = np.zeros(work.size, dtype=bool)
+    terms = 0
+    for part in config.parts:
+        o0, o1, oo = part.offsets
+        result = _dense_flat(
+            part.config,
+            None if buf0 is None else buf0[o0:],
+            None if buf1 is None else buf1[o1:],
+            work[oo:],
+        )
+        where = oo + result.positions
+        # a part's scale counts the value it found there; what it adds is the rest of it
+        before = np.where(written[where], scale[where] - np.abs(work[where]), 0.0)
+        scale[where] = before + result.scale
+        work[where] = result.values
+        written[where] = True
+        terms += result.terms
+    positions = np.flatnonzero(written)
+    return DenseResult(positions, work[positions], scale[positions], terms)
+
+
+def _dense_flat(
+    config: Config, buf0: np.ndarray | None, buf1: np.ndarray | None, buf_out: np.ndarray
+) -> DenseResult:
+    """:func:`dense_result` of one region (a configuration without rests) on flat buffers."""
     if config.num_dims > MAX_AXES:
         raise TeirError(
             f"the einsum evaluation supports at most {MAX_AXES} axes, "
             f"the configuration has {config.num_dims}"
         )
-    buf0, buf1, buf_out = checked_buffers(config, in0, in1, out)
     positions, out_axes = _gather(config, Tensor.OUT, np.arange(buf_out.size))
     s = config.schedule
     distinct = is_injective(

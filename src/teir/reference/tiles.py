@@ -130,6 +130,20 @@ def execute(config: Config, in0: Any, in1: Any, out: Any) -> None:
     array([6., 9., 6., 9.])
     """
     buf0, buf1, buf_out = checked_buffers(config, in0, in1, out)
+    for part in config.parts:  # the configuration's own schedule, then its partial tiles' rests
+        o0, o1, oo = part.offsets
+        _execute_flat(
+            part.config,
+            None if buf0 is None else buf0[o0:],
+            None if buf1 is None else buf1[o1:],
+            buf_out[oo:],
+        )
+
+
+def _execute_flat(
+    config: Config, buf0: np.ndarray | None, buf1: np.ndarray | None, buf_out: np.ndarray
+) -> None:
+    """One region (a configuration without rests) on flat element buffers."""
     tiles = _TileOperation(config)
     s = config.schedule
     bases0, bases1, bases_out = (loop_bases(s, t) for t in Tensor)

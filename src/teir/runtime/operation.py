@@ -66,8 +66,18 @@ class Operation:
     before native code runs.
     """
 
-    def __init__(self, config: Config, threads: int, nest: LoopNest, target: Target) -> None:
+    def __init__(
+        self,
+        config: Config,
+        threads: int,
+        nest: LoopNest,
+        target: Target,
+        rests: tuple[tuple[tuple[int, int, int], Operation], ...] = (),
+    ) -> None:
         self.config = config
+        # the partial tiles' rest regions (``Config.rests``), each compiled on its own and run
+        # after this nest on the tensors advanced by its element offsets
+        self.rests = rests
         self.threads = threads
         self.nest = nest
         self.target = target
@@ -98,7 +108,7 @@ class Operation:
         # the native checked call for the layouts of the first NumPy arguments that pass
         # the checks (``_checked_for``); tried once
         self._checked: Any = None
-        self._checked_tried = False
+        self._checked_tried = bool(rests)  # the checked call runs one nest, not the rests
 
     def _generate(self, prefix: str) -> str:
         module = Module()
@@ -108,8 +118,9 @@ class Operation:
     def _estimate(self) -> float:
         """Seconds on one core, roughly: FLOPs at the kernels' rate plus every byte at a
         memory-bound rate (a dot product of 2M FP64 does 4 MFLOP but reads 32 MB)."""
-        touched = sum(self.config.extent(t) for t in Tensor if self.config.uses(t))
-        return float(self.flops / 50e9 + touched * self._dtype.itemsize / 10e9)
+        own = self.config.own  # the rests have operations of their own
+        touched = sum(own.schedule.span(t) for t in Tensor if own.uses(t))
+        return float(own.flops / 50e9 + touched * self._dtype.itemsize / 10e9)
 
     def _slices(self) -> list[tuple[int, int]]:
         """Balanced parts of the parallel index space, one per thread used."""
@@ -195,14 +206,17 @@ class Operation:
         if self._job is None:
             first, last = self._flag_addresses
             self._native(in0, in1, out, 0, self._parallel_size, first, last)
-            return
-        run_parallel(self._job, in0, in1, out)
+        else:
+            run_parallel(self._job, in0, in1, out)
+        size = self._dtype.itemsize
+        for (o0, o1, oo), rest in self.rests:
+            rest.run_addresses(in0 and in0 + o0 * size, in1 and in1 + o1 * size, out + oo * size)
 
     # ---- reporting -------------------------------------------------------------------------
     def explain(self, name: str | None = None) -> str:
         """The loop nest as compiled: loops, kernels with their parameters, the thread split,
         and every fallback taken with its reason."""
-        lines = [explain_config(self.config, name), "", "# compiled:"]
+        lines = [explain_config(self.config.own, name), "", "# compiled:"]
         for loop in self.nest.loops:
             kind = "parallel" if loop.parallel else "sequential"
             lines.append(
@@ -233,6 +247,13 @@ class Operation:
             lines.append(f"#   threads: 1 (the calling thread; {why})")
         lines += [f"#   note: {note}" for note in self.nest.notes]
         lines.append(f"#   code: {self.origin}")
+        for index, ((o0, o1, oo), rest) in enumerate(self.rests):
+            lines += [
+                "",
+                f"# partial tiles: rest {index}, run after the parts before it on in0 + {o0}, "
+                f"in1 + {o1}, out + {oo} (elements):",
+                rest.explain(f"rest {index}"),
+            ]
         return "\n".join(lines)
 
     def _describe(self, op: TileOp, role: str) -> str:
@@ -278,8 +299,9 @@ class Operation:
 
     def __repr__(self) -> str:
         return (
-            f"<teir.Operation {self.config.prim_main.value} {self.config.dim_sizes}, "
-            f"{len(self.slices)} thread(s)>"
+            f"<teir.Operation {self.config.prim_main.value} {self.config.dim_sizes}"
+            + (f" + {len(self.rests)} rest(s)" if self.rests else "")
+            + f", {len(self.slices)} thread(s)>"
         )
 
 
@@ -318,11 +340,22 @@ def compile(
         threads = default_threads()
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise TeirError(f"threads must be a positive integer, got {threads!r}")
+    key = (config, threads, resident_output)
+    found = _operations.get(key)
+    if found is not None:
+        return found
+    # compiled before the lock is taken: each takes it for itself
+    rests = tuple(
+        (rest.offsets, compile(rest.config, threads, resident_output=resident_output))
+        for rest in config.rests
+    )
     return built_once(
         _operations,
         _operations_lock,
-        (config, threads, resident_output),
-        lambda: Operation(config, threads, lower(config, resident_output), Target.host()),
+        key,
+        lambda: Operation(
+            config, threads, lower(config.own, resident_output), Target.host(), rests
+        ),
     )
 
 

@@ -70,7 +70,7 @@ def is_generic(node: Node, sizes: Sequence[int], dtype: Any, threads: int) -> bo
 @lru_cache(maxsize=4096)  # the tree optimizer asks for every candidate layout of every node
 def _is_generic(node: Node, sizes: tuple[int, ...], dtype: str, threads: int) -> bool:
     fields = node_fields(node, [c.ids for c in node.children], sizes, np.dtype(dtype))
-    main = lower(optimize_with_log(fields, threads)[0]).main
+    main = lower(optimize_with_log(fields, threads, partial_tiles=False)[0]).main
     if main is None or main.kind != "generic":
         return False
     return lane_spec(fields, threads, Target.host()) is None
@@ -79,7 +79,7 @@ def _is_generic(node: Node, sizes: tuple[int, ...], dtype: str, threads: int) ->
 def node_config(node: Node, sizes: Sequence[int], dtype: Any, threads: int) -> Config:
     """The configuration teir.optimize writes for the node (children as they are laid out)."""
     fields = node_fields(node, [c.ids for c in node.children], sizes, np.dtype(dtype))
-    return optimize_with_log(fields, threads)[0]
+    return optimize_with_log(fields, threads, partial_tiles=False)[0]
 
 
 def tree_cost(node: Node, sizes: Sequence[int], dtype: Any, threads: int) -> float:
