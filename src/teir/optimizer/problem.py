@@ -91,10 +91,9 @@ def _from_mapping(value: Mapping[str, Any]) -> tuple[Primitives, Schedule]:
     return primitives, schedule
 
 
-def read_source(
-    value: Config | Mapping[str, Any] | str | os.PathLike[str],
-) -> Config | Mapping[str, Any]:
-    """The configuration or mapping that ``value`` is or that the JSON file it names holds;
+def read_source(value: Config | Mapping[str, Any] | str | os.PathLike[str]) -> Any:
+    """The configuration or mapping that ``value`` is or that the JSON file it names holds
+    (whatever JSON value it holds: :func:`problem_from` refuses what is not a mapping);
     a mapping with partial tiles' ``rests`` (an optimized configuration written out) as the
     :class:`Config` it describes, since only a whole configuration says how its rests run."""
     if isinstance(value, (str, os.PathLike)):
