@@ -291,3 +291,30 @@ def test_generated_awkward_contractions_equal_numpy(data):
         expected = np.maximum(expected, 0)
     tolerance = (4e-6 if dtype == "FP32" else 1e-14) * (sizes["k"] + 2)
     np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(97, 311, 400), (97, 97, 2400), (307, 37, 2000)])
+def test_outputs_without_a_loop_for_the_threads_get_one_from_a_split(m, n, k):
+    """Output axes with no divisor that tiles (97, 311) give the threads nothing to share:
+    the one whose rest costs least (not the output's unit-stride axis, whose rest would fill
+    few vector lanes, unless the other's rest is a large share) is split."""
+    fields = _contraction("FP32", m, n, k, "nn", "Zero", "ReLU")
+    alone = teir.optimize(fields, threads=1)
+    assert not alone.rests
+    config = teir.optimize(fields, threads=2)
+    assert len(config.rests) == 1
+    rest = config.rests[0]
+    split_m = (m, n) == (307, 37)  # N's rest (5 of 37 columns) would be 14 % of the work
+    assert rest.offsets == (
+        (m - m % 16, 0, m - m % 16) if split_m else (0, (n - n % 16) * k, (n - n % 16) * m)
+    )
+    op = teir.compile(config, threads=2)
+    assert len(op.slices) == 2 and "generic" not in op.explain()
+    rng = np.random.default_rng(4)
+    a, b, c = (rng.uniform(-1, 1, e).astype(np.float32) for e in config.extents)
+    got = c.copy()
+    op(a, b, got)
+    tolerance = 2e-5 * k
+    np.testing.assert_allclose(
+        got.reshape(n, m).T, _expected(fields, a, b, c), rtol=tolerance, atol=tolerance
+    )

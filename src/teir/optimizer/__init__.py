@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from teir.errors import TeirError
-from teir.ir import Config, DimType, PrimFirst, PrimLast, Rest, Tensor
+from teir.ir import Config, DimType, ExecType, PrimFirst, PrimLast, Rest, Tensor
 from teir.ir.layout import is_injective
-from teir.optimizer.partial import describe, problem_regions
+from teir.optimizer.partial import describe, problem_regions, thread_split_axes
 from teir.optimizer.primitive import contraction, unary
 from teir.optimizer.problem import Problem, problem_from, read_source
 from teir.optimizer.schedule import panel, parallelize, reorder
@@ -76,8 +76,17 @@ def optimize_with_log(
     regions = problem_regions(problem) if partial_tiles else [(problem, (0, 0, 0))]
     if len(regions) == 1:
         scheduled, lines = _schedule(problem, threads, resident_output)
-        return scheduled, (*log, *lines)
-    log.append(f"partial tiles: {describe(problem, regions)}")
+        if not partial_tiles or _shared(scheduled):
+            return scheduled, (*log, *lines)
+        regions = _regions_for_threads(problem, threads, resident_output)
+        if not regions:
+            return scheduled, (*log, *lines)
+        log.append(
+            f"partial tiles: {describe(problem, regions)} (its main part gives the threads "
+            "a loop to share)"
+        )
+    else:
+        log.append(f"partial tiles: {describe(problem, regions)}")
     parts = []
     for index, (region, offsets) in enumerate(regions):
         region, _ = drop_size_one(region)  # a rest one element thin
@@ -86,6 +95,23 @@ def optimize_with_log(
         log += [f"region {index}: {line}" for line in lines]
     main = parts[0].config
     return Config(main.primitives, main.schedule, rests=tuple(parts[1:])), tuple(log)
+
+
+def _shared(config: Config) -> bool:
+    return any(e is ExecType.SHARED for e in config.exec_types)
+
+
+def _regions_for_threads(
+    problem: Problem, threads: int, resident_output: bool
+) -> list[tuple[Problem, tuple[int, int, int]]]:
+    """The regions of the first output axis split (``thread_split_axes``) whose main part
+    the threads share, or none."""
+    for index in thread_split_axes(problem, threads):
+        regions = problem_regions(problem, forced=index)
+        main, _ = _schedule(regions[0][0], threads, resident_output)
+        if _shared(main):
+            return regions
+    return []
 
 
 def _schedule(problem: Problem, threads: int, resident_output: bool) -> tuple[Config, list[str]]:

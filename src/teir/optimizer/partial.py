@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from itertools import product
 from math import prod
 
-from teir.ir import DimType, PrimFirst, Primitives, PrimLast
+from teir.codegen.target import Target
+from teir.ir import DimType, PrimFirst, Primitives, PrimLast, Tensor
 from teir.lower.tiles import copy_outgrows_cache
 from teir.optimizer.problem import Axis, Problem
 
@@ -63,6 +64,7 @@ def split_regions(
     strides: Sequence[tuple[int, int, int]],
     binary: bool,
     itemsize: int,
+    forced: int | None = None,
 ) -> list[RegionShape]:
     """The regions of an operation with these axes, in the order they must run (the main
     part of a summed axis before its rest); one region when no axis needs splitting.
@@ -72,9 +74,14 @@ def split_regions(
     are split only between buffers in memory: there tiles decide the traffic and give threads
     loops to share (ij->ji 4001 x 2999 FP32 ran as one tile on one thread), while a copy
     within the caches runs well as one tile and would pay a call per region.
+    ``forced``: split that axis alone, into its largest multiple of 16 and the rest.
     """
     splits = binary or copy_outgrows_cache(prod(sizes), itemsize)
     pieces = [_pieces(t, n) if splits else [(0, n)] for t, n in zip(dim_types, sizes, strict=True)]
+    if forced is not None:
+        pieces = [[(0, n)] for n in sizes]
+        main = sizes[forced] - sizes[forced] % SPLIT_MULTIPLE
+        pieces[forced] = [(0, main), (main, sizes[forced] - main)]
     split_k = [i for i, t in enumerate(dim_types) if t is DimType.K and len(pieces[i]) > 1]
     regions = []
     for choice in product(*pieces):
@@ -93,9 +100,11 @@ def split_regions(
     return regions
 
 
-def problem_regions(problem: Problem) -> list[tuple[Problem, tuple[int, int, int]]]:
-    """The regions of ``problem`` (see :func:`split_regions`) as problems of their own,
-    with their offsets."""
+def problem_regions(
+    problem: Problem, forced: int | None = None
+) -> list[tuple[Problem, tuple[int, int, int]]]:
+    """The regions of ``problem`` (see :func:`split_regions`; ``forced`` as there) as
+    problems of their own, with their offsets."""
     p = problem.primitives
     axes = problem.axes
     shapes = split_regions(
@@ -104,6 +113,7 @@ def problem_regions(problem: Problem) -> list[tuple[Problem, tuple[int, int, int
         [a.strides for a in axes],
         p.prim_main.is_contraction,
         p.data_type.itemsize,
+        forced,
     )
     if len(shapes) == 1 or not (p.prim_main.is_contraction or p.prim_main.is_unary):
         return [(problem, (0, 0, 0))]
@@ -120,6 +130,43 @@ def problem_regions(problem: Problem) -> list[tuple[Problem, tuple[int, int, int
         )
         result.append((Problem(primitives, region_axes), shape.offsets))
     return result
+
+
+# A contraction whose output axes give the threads no loop to share (97 x 311: no divisor
+# that tiles) runs on one thread; the longest output axis not a multiple of 16 is then split
+# as an awkward one is, where that gives the main part a loop the threads share and the work
+# is worth them. The rest (97 x 7 x 2000 of 97 x 311 x 2000) runs after it.
+THREAD_SPLIT_LEAST = 32  # an axis shorter than this stays whole
+THREAD_SPLIT_FLOPS = 20_000_000
+
+
+def thread_split_axes(problem: Problem, threads: int) -> list[int]:
+    """Output axes to try splitting so that the threads get a loop to share, cheapest rest
+    first: none for one thread, a copy, or too little work (THREAD_SPLIT_FLOPS)."""
+    p = problem.primitives
+    work = 2 * prod(a.size for a in problem.axes)
+    if threads < 2 or not p.prim_main.is_contraction or work < THREAD_SPLIT_FLOPS:
+        return []
+    lanes = Target.host().lanes(p.data_type.itemsize)
+
+    def rest_cost(index: int) -> float:
+        """The rest's share of the work, on one thread while the others wait, and slower by
+        the lanes its vectors leave empty where it is the output's unit-stride axis (97 x 97
+        x 3000 FP32: the row M = 96 of a column-major A, 15 of 16 lanes empty, took a fifth
+        of the time; 307 x 37 x 2000: the rest of N, 5 of 37 columns, cost 8 %)."""
+        axis = problem.axes[index]
+        rest = axis.size % SPLIT_MULTIPLE
+        fill = rest / (-(-rest // lanes) * lanes) if axis.stride(Tensor.OUT) == 1 else 1.0
+        return rest / axis.size * threads / fill
+
+    candidates = [
+        index
+        for index, axis in enumerate(problem.axes)
+        if axis.dim_type is not DimType.K
+        and axis.size >= THREAD_SPLIT_LEAST
+        and axis.size % SPLIT_MULTIPLE
+    ]
+    return sorted(candidates, key=rest_cost)
 
 
 def describe(problem: Problem, regions: list[tuple[Problem, tuple[int, int, int]]]) -> str:
