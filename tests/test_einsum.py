@@ -1320,3 +1320,36 @@ def test_a_resident_output_keeps_rows_whose_tile_over_k_fits_the_kernel(dtype):
     text = teir.einsum_plan("ik,kj->ij", a, b, out=out, threads=2).explain()
     assert "K steps" not in text
     einsum_module.clear_plans()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("subscripts", ["km,nk->nm", "mk,kn->mn", "km,kn->nm", "ab,ca->bc"])
+def test_one_thread_plans_split_an_output_axis_for_the_threads(subscripts, dtype):
+    """A contraction whose output axes have no divisor that tiles (211 x 307) and whose K is
+    not cut between the threads (its operands, under 1 MiB, too small for that) ran on one
+    of them; an output axis is split into a main part the threads share and a rest. Equal
+    to NumPy with out= views, accumulate and relu."""
+    from teir.frontend.einsum import clear_plans
+
+    clear_plans()
+    sizes = {"m": 211, "n": 307, "k": 160, "a": 160, "b": 211, "c": 307}
+    shapes = [[sizes[c] for c in term] for term in subscripts.split("->")[0].split(",")]
+    ops = operands(shapes, dtype)
+    plan = teir.einsum_plan(subscripts, *ops, threads=2)
+    assert len(plan.regions) == 2 and len(plan.regions[0].operation.slices) == 2
+    assert "threads share the main part" in plan.explain()
+    assert len(teir.einsum_plan(subscripts, *ops, threads=1).regions) == 1
+    exact = np.einsum(subscripts, *[o.astype(np.float64) for o in ops])
+    tolerance = 1e-4 if dtype == np.float32 else 1e-11
+    np.testing.assert_allclose(
+        teir.einsum(subscripts, *ops, threads=2), exact, rtol=tolerance, atol=tolerance
+    )
+    for accumulate in (False, True):
+        base = RNG.uniform(-1, 1, (2 * exact.shape[0], exact.shape[1])).astype(dtype)
+        out = base[::2]
+        start, between = out.copy(), base[1::2].copy()
+        teir.einsum(subscripts, *ops, out=out, accumulate=accumulate, relu=True, threads=2)
+        expected = np.maximum(exact + (start if accumulate else 0), 0)
+        np.testing.assert_allclose(out, expected, rtol=tolerance, atol=tolerance)
+        np.testing.assert_array_equal(base[1::2], between)
+    clear_plans()

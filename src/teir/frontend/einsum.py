@@ -46,6 +46,7 @@ from teir.frontend.einsum_plan import (
     relayout_pays,
     result_strides,
     runs_kernels,
+    share_by_regions,
     short_depth,
     small_tile,
     sum_out,
@@ -347,6 +348,8 @@ def _plan(
         )
         if chain_too_long(chain, arrays[0].itemsize) or idle:
             plan.split = plan_split(parsed, arrays, threads, chain)
+    if one_thread and plan.split is None and plan.canonical is None and threads > 1:
+        share_by_regions(plan, threads)
     _cache(key, (plan, direct, direct_call(plan, inputs, arrays, out, accumulate, relu)))
     return plan, direct
 
