@@ -173,7 +173,9 @@ def optimize(
     above 1000, with no divisor from 16 to 320: 1601, 4099) is split into a main part (a
     multiple of 16) and its thin rest, and each combination of parts is scheduled as a region
     of its own: the result's ``rests`` (:class:`teir.ir.Rest`, teir's extension of TEIR) run
-    after its own schedule on the same tensors, and ``explain()`` lists them.
+    after its own schedule on the same tensors, and ``explain()`` lists them. A contraction
+    whose output axes give the threads no loop to share at all (97 x 311) has one of them
+    split alike, the one whose rest costs least (``teir.optimizer.partial``).
     ``partial_tiles=False`` keeps every axis whole instead (a flat TEIR configuration).
 
     >>> import teir
