@@ -318,3 +318,33 @@ def test_outputs_without_a_loop_for_the_threads_get_one_from_a_split(m, n, k):
     np.testing.assert_allclose(
         got.reshape(n, m).T, _expected(fields, a, b, c), rtol=tolerance, atol=tolerance
     )
+
+
+def test_unevenly_shared_batches_get_more_loops_from_a_split():
+    """Three batch elements of 97 x 97 outputs on two threads (a quarter of their time idle)
+    gain row or column tiles from a split: six shared iterations, and the rest after them."""
+    c, m, n, k = 3, 97, 97, 400
+    fields = {
+        "data_type": "FP32",
+        "prim_first": "Zero",
+        "prim_main": "GEMM",
+        "dim_types": ["C", "M", "N", "K"],
+        "exec_types": ["seq"] * 4,
+        "dim_sizes": [c, m, n, k],
+        "strides_in0": [m * k, 1, 0, m],
+        "strides_in1": [n * k, 0, k, 1],
+        "strides_out": [m * n, 1, m, 0],
+    }
+    unsplit = teir.optimize(fields, threads=2, partial_tiles=False)
+    assert teir.compile(unsplit, threads=2).nest.parallel_size == 3
+    config = teir.optimize(fields, threads=2)
+    assert len(config.rests) == 1
+    op = teir.compile(config, threads=2)
+    assert op.nest.parallel_size % 2 == 0
+    rng = np.random.default_rng(5)
+    a, b, out = (rng.uniform(-1, 1, e).astype(np.float32) for e in config.extents)
+    op(a, b, out)
+    expected = np.einsum(
+        "ckm,cnk->cnm", a.reshape(c, k, m).astype(np.float64), b.reshape(c, n, k).astype(np.float64)
+    )
+    np.testing.assert_allclose(out.reshape(c, n, m), expected, rtol=1e-3, atol=1e-3)

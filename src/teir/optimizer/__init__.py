@@ -20,12 +20,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from math import prod
 from typing import Any
 
 from teir.errors import TeirError
 from teir.ir import Config, DimType, ExecType, PrimFirst, PrimLast, Rest, Tensor
 from teir.ir.layout import is_injective
-from teir.optimizer.partial import describe, problem_regions, thread_split_axes
+from teir.optimizer.partial import (
+    THREAD_SPLIT_IDLE,
+    describe,
+    idle_share,
+    problem_regions,
+    thread_split_axes,
+)
 from teir.optimizer.primitive import contraction, unary
 from teir.optimizer.problem import Problem, problem_from, read_source
 from teir.optimizer.schedule import panel, parallelize, reorder
@@ -76,14 +83,15 @@ def optimize_with_log(
     regions = problem_regions(problem) if partial_tiles else [(problem, (0, 0, 0))]
     if len(regions) == 1:
         scheduled, lines = _schedule(problem, threads, resident_output)
-        if not partial_tiles or _shared(scheduled):
+        idle = idle_share(_parallel_size(scheduled), threads)
+        if not partial_tiles or idle < THREAD_SPLIT_IDLE:
             return scheduled, (*log, *lines)
-        regions = _regions_for_threads(problem, threads, resident_output)
+        regions = _regions_for_threads(problem, threads, resident_output, idle)
         if not regions:
             return scheduled, (*log, *lines)
         log.append(
             f"partial tiles: {describe(problem, regions)} (its main part gives the threads "
-            "a loop to share)"
+            "loops they share evenly)"
         )
     else:
         log.append(f"partial tiles: {describe(problem, regions)}")
@@ -97,19 +105,21 @@ def optimize_with_log(
     return Config(main.primitives, main.schedule, rests=tuple(parts[1:])), tuple(log)
 
 
-def _shared(config: Config) -> bool:
-    return any(e is ExecType.SHARED for e in config.exec_types)
+def _parallel_size(config: Config) -> int:
+    """Iterations of the loops the threads share (1: none)."""
+    shared = [n for n, e in zip(config.dim_sizes, config.exec_types) if e is ExecType.SHARED]
+    return prod(shared)
 
 
 def _regions_for_threads(
-    problem: Problem, threads: int, resident_output: bool
+    problem: Problem, threads: int, resident_output: bool, idle: float
 ) -> list[tuple[Problem, tuple[int, int, int]]]:
     """The regions of the first output axis split (``thread_split_axes``) whose main part
-    the threads share, or none."""
+    leaves the threads idle at least THREAD_SPLIT_IDLE less than ``idle``, or none."""
     for index in thread_split_axes(problem, threads):
         regions = problem_regions(problem, forced=index)
         main, _ = _schedule(regions[0][0], threads, resident_output)
-        if _shared(main):
+        if idle_share(_parallel_size(main), threads) <= idle - THREAD_SPLIT_IDLE:
             return regions
     return []
 

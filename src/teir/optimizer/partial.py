@@ -138,6 +138,17 @@ def problem_regions(
 # is worth them. The rest (97 x 7 x 2000 of 97 x 311 x 2000) runs after it.
 THREAD_SPLIT_LEAST = 32  # an axis shorter than this stays whole
 THREAD_SPLIT_FLOPS = 20_000_000
+# ... likewise where the shared loops split so unevenly that this share of the threads' time
+# goes idle (3 batch elements of 97 x 97 on 2 threads: a quarter), and the split's main part
+# idles them at least this much less.
+THREAD_SPLIT_IDLE = 0.1
+
+
+def idle_share(iterations: int, threads: int) -> float:
+    """The share of ``threads``' time idle when ``iterations`` equal ones are split between
+    them (1 iteration on 2 threads: a half)."""
+    busiest = -(-iterations // threads)
+    return 1 - iterations / (threads * busiest) if iterations < threads * busiest else 0.0
 
 
 def thread_split_axes(problem: Problem, threads: int) -> list[int]:
