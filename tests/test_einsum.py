@@ -1353,3 +1353,21 @@ def test_one_thread_plans_split_an_output_axis_for_the_threads(subscripts, dtype
         np.testing.assert_allclose(out, expected, rtol=tolerance, atol=tolerance)
         np.testing.assert_array_equal(base[1::2], between)
     clear_plans()
+
+
+def test_unevenly_shared_plans_split_an_output_axis_where_it_pays():
+    """Three batch elements of 211 x 307 on two threads (a quarter of their time idle) get
+    row tiles from a split; a split whose rest would be a column along the result's unit
+    stride (``bdc,adb->ac``: c = 96 of 97, one lane of 16) costs more than it saves."""
+    from teir.frontend.einsum import clear_plans
+
+    clear_plans()
+    ops = operands([(3, 211, 160), (3, 160, 307)], np.float32)
+    plan = teir.einsum_plan("bik,bkj->bij", *ops, threads=2)
+    assert len(plan.regions) == 2 and "share the main part evenly" in plan.explain()
+    main = plan.regions[0].operation
+    assert main.nest.parallel_size % 2 == 0
+    check("bik,bkj->bij", ops, threads=2)
+    kept = operands([(100, 64, 97), (24, 64, 100)], np.float32)
+    assert len(teir.einsum_plan("bdc,adb->ac", *kept, threads=2).regions) == 1
+    clear_plans()

@@ -348,7 +348,7 @@ def _plan(
         )
         if chain_too_long(chain, arrays[0].itemsize) or idle:
             plan.split = plan_split(parsed, arrays, threads, chain)
-    if one_thread and plan.split is None and plan.canonical is None and threads > 1:
+    if plan.split is None and plan.canonical is None and threads > 1:
         share_by_regions(plan, threads)
     _cache(key, (plan, direct, direct_call(plan, inputs, arrays, out, accumulate, relu)))
     return plan, direct

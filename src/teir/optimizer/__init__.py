@@ -115,11 +115,13 @@ def _regions_for_threads(
     problem: Problem, threads: int, resident_output: bool, idle: float
 ) -> list[tuple[Problem, tuple[int, int, int]]]:
     """The regions of the first output axis split (``thread_split_axes``) whose main part
-    leaves the threads idle at least THREAD_SPLIT_IDLE less than ``idle``, or none."""
-    for index in thread_split_axes(problem, threads):
+    leaves the threads idle at least THREAD_SPLIT_IDLE less than ``idle``, and less by more
+    than its rest costs, or none."""
+    for index, cost in thread_split_axes(problem, threads):
         regions = problem_regions(problem, forced=index)
         main, _ = _schedule(regions[0][0], threads, resident_output)
-        if idle_share(_parallel_size(main), threads) <= idle - THREAD_SPLIT_IDLE:
+        now = idle_share(_parallel_size(main), threads)
+        if now <= idle - THREAD_SPLIT_IDLE and cost < idle - now:
             return regions
     return []
 

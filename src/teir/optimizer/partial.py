@@ -151,9 +151,11 @@ def idle_share(iterations: int, threads: int) -> float:
     return 1 - iterations / (threads * busiest) if iterations < threads * busiest else 0.0
 
 
-def thread_split_axes(problem: Problem, threads: int) -> list[int]:
-    """Output axes to try splitting so that the threads get a loop to share, cheapest rest
-    first: none for one thread, a copy, or too little work (THREAD_SPLIT_FLOPS)."""
+def thread_split_axes(problem: Problem, threads: int) -> list[tuple[int, float]]:
+    """Output axes to try splitting so that the threads get a loop to share, with what their
+    rest costs (a share of the time), cheapest first: none for one thread, a copy, or too
+    little work (THREAD_SPLIT_FLOPS). A split pays where the threads' idle share falls by
+    more than its rest costs."""
     p = problem.primitives
     work = 2 * prod(a.size for a in problem.axes)
     if threads < 2 or not p.prim_main.is_contraction or work < THREAD_SPLIT_FLOPS:
@@ -177,7 +179,7 @@ def thread_split_axes(problem: Problem, threads: int) -> list[int]:
         and axis.size >= THREAD_SPLIT_LEAST
         and axis.size % SPLIT_MULTIPLE
     ]
-    return sorted(candidates, key=rest_cost)
+    return sorted(((index, rest_cost(index)) for index in candidates), key=lambda c: c[1])
 
 
 def describe(problem: Problem, regions: list[tuple[Problem, tuple[int, int, int]]]) -> str:
