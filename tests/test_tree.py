@@ -868,3 +868,19 @@ def test_tree_nodes_with_long_sums_are_cut_for_accuracy():
     expression = teir.contract_expression("ij,ij,j->j", a.shape, b.shape, c.shape, dtype=np.float32)
     assert "times in a row into each element; teir.einsum cuts" in expression.explain()
     np.testing.assert_allclose(expression(a, b, c), exact, rtol=1e-5)
+
+
+def test_tree_steps_without_a_loop_for_the_threads_split_an_output_axis():
+    """The step 307 x 211 x 500 of ``ij,jk,kl->il`` (its output axes have no divisor that
+    tiles, its operands too small to cut the sum) ran on one thread: split like an einsum's."""
+    rng = np.random.default_rng(6)
+    a, b, c = (
+        rng.uniform(-1, 1, shape).astype(np.float32)
+        for shape in ((307, 500), (500, 400), (400, 211))
+    )
+    expression = teir.contract_expression(
+        "ij,jk,kl->il", a.shape, b.shape, c.shape, dtype=np.float32, threads=2
+    )
+    assert "threads share the main part evenly" in expression.explain()
+    exact = a.astype(np.float64) @ b.astype(np.float64) @ c.astype(np.float64)
+    np.testing.assert_allclose(expression(a, b, c), exact, rtol=1e-3, atol=1e-3)

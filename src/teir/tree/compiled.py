@@ -25,6 +25,7 @@ from teir.frontend.einsum_plan import (
     kernel_shortfall,
     make_plan,
     placeholder,
+    share_by_regions,
 )
 from teir.frontend.split_reduction import chain_length, chain_too_long
 from teir.ir.layout import is_injective
@@ -179,6 +180,8 @@ class CompiledTree:
                 reason=f"it adds {chain} times in a row into each element; teir.einsum cuts "
                 "that into parts, for accuracy",
             )
+        if self.threads > 1:  # output axes that give the threads nothing to share evenly
+            share_by_regions(plan, self.threads)
         slabs = None
         if not (root and self.accumulate) and worth_slabs(node, plan, self.sizes):
             # (not when accumulating into the root: the permutation of a slab overwrites)
