@@ -119,7 +119,7 @@ class Operation:
         """Seconds on one core, roughly: FLOPs at the kernels' rate plus every byte at a
         memory-bound rate (a dot product of 2M FP64 does 4 MFLOP but reads 32 MB)."""
         own = self.config.own  # the rests have operations of their own
-        touched = sum(own.schedule.span(t) for t in Tensor if own.uses(t))
+        touched = sum(own.extent(t) for t in Tensor)
         return float(own.flops / 50e9 + touched * self._dtype.itemsize / 10e9)
 
     def _slices(self) -> list[tuple[int, int]]:
