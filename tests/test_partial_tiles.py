@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 import teir
 from teir import reference
 from teir.cli.main import main
-from teir.ir import Rest
 
 
 def _contraction(
@@ -167,7 +166,7 @@ def _small_gemm(n: int = 3, **changes: object) -> teir.Config:
 def test_handwritten_rests_are_checked():
     main_part, column = _small_gemm(3), _small_gemm(1)
     config = teir.Config(
-        main_part.primitives, main_part.schedule, rests=[Rest((0, 15, 12), column)]
+        main_part.primitives, main_part.schedule, rests=[teir.Rest((0, 15, 12), column)]
     )
     assert config.extents == (20, 20, 16) and config.flops == 2 * 4 * 4 * 5
     assert config.own == main_part and config.parts[1].config == column
@@ -196,7 +195,7 @@ def test_handwritten_rests_are_checked():
         strides_out=[1],
     )
     with pytest.raises(teir.ValidationError, match="main primitive Copy"):
-        teir.Config(main_part.primitives, main_part.schedule, rests=[Rest((0, 0, 0), copy)])
+        teir.Config(main_part.primitives, main_part.schedule, rests=[teir.Rest((0, 0, 0), copy)])
     with pytest.raises(teir.ValidationError, match="field by field"):
         config.replace(prim_last="ReLU")
     # arrays too small for a rest's reach are refused before anything runs

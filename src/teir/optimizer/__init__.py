@@ -184,7 +184,7 @@ def optimize(
     Partial tiles: an axis with no good tile size (a C, M or N axis above 320, or a K axis
     above 1000, with no divisor from 16 to 320: 1601, 4099) is split into a main part (a
     multiple of 16) and its thin rest, and each combination of parts is scheduled as a region
-    of its own: the result's ``rests`` (:class:`teir.ir.Rest`, teir's extension of TEIR) run
+    of its own: the result's ``rests`` (:class:`teir.Rest`, teir's extension of TEIR) run
     after its own schedule on the same tensors, and ``explain()`` lists them. A contraction
     whose output axes give the threads no loop to share at all (97 x 311) has one of them
     split alike, the one whose rest costs least (``teir.optimizer.partial``).
