@@ -81,12 +81,13 @@ def optimize_with_log(
         problem, text = step(problem)
         log.append(f"{step.__name__}: {text}")
     regions = problem_regions(problem) if partial_tiles else [(problem, (0, 0, 0))]
+    first: tuple[Config, list[str]] | None = None  # the main region's schedule, where made
     if len(regions) == 1:
         scheduled, lines = _schedule(problem, threads, resident_output)
         idle = idle_share(_parallel_size(scheduled), threads)
         if not partial_tiles or idle < THREAD_SPLIT_IDLE:
             return scheduled, (*log, *lines)
-        regions = _regions_for_threads(problem, threads, resident_output, idle)
+        regions, first = _regions_for_threads(problem, threads, resident_output, idle)
         if not regions:
             return scheduled, (*log, *lines)
         log.append(
@@ -97,8 +98,11 @@ def optimize_with_log(
         log.append(f"partial tiles: {describe(problem, regions)}")
     parts = []
     for index, (region, offsets) in enumerate(regions):
-        region, _ = drop_size_one(region)  # a rest one element thin
-        scheduled, lines = _schedule(region, threads, resident_output)
+        if index == 0 and first is not None:
+            scheduled, lines = first
+        else:
+            region, _ = drop_size_one(region)  # a rest one element thin
+            scheduled, lines = _schedule(region, threads, resident_output)
         parts.append(Rest(offsets, scheduled))
         log += [f"region {index}: {line}" for line in lines]
     main = parts[0].config
@@ -113,17 +117,17 @@ def _parallel_size(config: Config) -> int:
 
 def _regions_for_threads(
     problem: Problem, threads: int, resident_output: bool, idle: float
-) -> list[tuple[Problem, tuple[int, int, int]]]:
+) -> tuple[list[tuple[Problem, tuple[int, int, int]]], tuple[Config, list[str]] | None]:
     """The regions of the first output axis split (``thread_split_axes``) whose main part
     leaves the threads idle at least THREAD_SPLIT_IDLE less than ``idle``, and less by more
-    than its rest costs, or none."""
+    than its rest costs, with the main part's schedule (made to judge it); or none."""
     for index, cost in thread_split_axes(problem, threads):
         regions = problem_regions(problem, forced=index)
-        main, _ = _schedule(regions[0][0], threads, resident_output)
-        now = idle_share(_parallel_size(main), threads)
+        main = _schedule(regions[0][0], threads, resident_output)
+        now = idle_share(_parallel_size(main[0]), threads)
         if now <= idle - THREAD_SPLIT_IDLE and cost < idle - now:
-            return regions
-    return []
+            return regions, main
+    return [], None
 
 
 def _schedule(problem: Problem, threads: int, resident_output: bool) -> tuple[Config, list[str]]:

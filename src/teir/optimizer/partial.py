@@ -76,12 +76,13 @@ def split_regions(
     within the caches runs well as one tile and would pay a call per region.
     ``forced``: split that axis alone, into its largest multiple of 16 and the rest.
     """
-    splits = binary or copy_outgrows_cache(prod(sizes), itemsize)
-    pieces = [_pieces(t, n) if splits else [(0, n)] for t, n in zip(dim_types, sizes, strict=True)]
     if forced is not None:
         pieces = [[(0, n)] for n in sizes]
         main = sizes[forced] - sizes[forced] % SPLIT_MULTIPLE
         pieces[forced] = [(0, main), (main, sizes[forced] - main)]
+    else:
+        splits = binary or copy_outgrows_cache(prod(sizes), itemsize)
+        pieces = [_pieces(t, n) if splits else [(0, n)] for t, n in zip(dim_types, sizes)]
     split_k = [i for i, t in enumerate(dim_types) if t is DimType.K and len(pieces[i]) > 1]
     regions = []
     for choice in product(*pieces):
