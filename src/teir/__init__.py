@@ -21,6 +21,7 @@ True
 
 from teir import reference
 from teir.errors import ExecutionError, OutOfMemoryError, TeirError, ValidationError, Violation
+from teir.frontend.config_views import compile
 from teir.frontend.einsum import contract_expression, einsum, einsum_plan
 from teir.frontend.einsum_parse import EinsumError
 from teir.ir import (
@@ -40,7 +41,7 @@ from teir.ir import (
     save,
 )
 from teir.optimizer import optimize, optimize_with_log
-from teir.runtime.operation import Operation, compile
+from teir.runtime.operation import Operation
 from teir.tree import CompiledTree, EinsumTree, TreeError
 from teir.validate import RULES
 

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     if args.config_only:
         print(explain(config, name))
     else:
-        from teir.runtime.operation import compile as compile_config
+        from teir.frontend.config_views import compile as compile_config
 
         print(compile_config(config, args.threads).explain(name))
     return 0

@@ -23,7 +23,7 @@ Executor = Callable[[Any, Any, Any], None]
 
 
 def _native(config: Config, threads: int | None) -> Executor:
-    from teir.runtime.operation import compile as compile_config
+    from teir.frontend.config_views import compile as compile_config
 
     return compile_config(config, threads)
 
