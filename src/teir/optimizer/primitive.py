@@ -394,7 +394,12 @@ def contraction(
         m = min(by_type[DimType.M], key=lambda a: (a.stride(Tensor.OUT), -a.size))
         n = min(by_type[DimType.N], key=lambda a: (a.stride(Tensor.OUT), -a.size))
         k = max(by_type[DimType.K], key=lambda a: a.size)
-        note = "no kernel layout fits any axis choice: the generic primitive will run"
+        note = (
+            "no kernel layout fits any axis choice: teir.compile runs it as teir.einsum on "
+            "views of the tensors (a batch of unit stride everywhere as the vector lanes, "
+            "other layouts copied into ones that fit), or on the generic primitive where the "
+            "work is small or first/last primitives an einsum lacks"
+        )
     else:
         m, n, k = best
         note = ""
