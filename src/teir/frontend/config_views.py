@@ -17,17 +17,17 @@ from __future__ import annotations
 import ctypes
 import string
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from teir.codegen.target import Target
-from teir.errors import TeirError
 from teir.explain import explain as explain_config
+from teir.frontend.einsum import einsum, einsum_plan
 from teir.ir import Config, DimType, PrimFirst, PrimLast, Tensor
 from teir.lower.nest import LoopNest, lower
-from teir.runtime.operation import Operation
+from teir.runtime.operation import Operation, checked_arguments
 from teir.runtime.operation import compile as compile_nest
-from teir.runtime.pool import default_threads
 
 # Below this much work the generic primitive's time (1-15 GFLOP/s) is about an einsum call's
 # overhead of building views and looking up its plan (~10 us), so the nest stays.
@@ -131,7 +131,7 @@ class ViewedOperation(Operation):
         self.form = form
         self.reason = reason
         self.estimated_seconds = self._estimate()
-        self.slices = [(0, 1)]
+        self.slices = [(0, 1)]  # the einsum splits its own work between the threads
         self.stack_bytes = 0
         self._checked = None
         self._checked_tried = True
@@ -139,8 +139,6 @@ class ViewedOperation(Operation):
         self._last_views: tuple[tuple[int, int, int], tuple[np.ndarray, ...]] | None = None
 
     def run_addresses(self, in0: int, in1: int, out: int) -> None:
-        from teir.frontend.einsum import einsum  # einsum's module imports this one's users
-
         size = self._dtype.itemsize
         addresses = (in0, in1, out)
         last = self._last_views  # views are kept for the last addresses (10 us to make)
@@ -153,33 +151,15 @@ class ViewedOperation(Operation):
             )
             a, b, c = self.form.views(buffers)  # type: ignore[arg-type]
             self._last_views = (addresses, (a, b, c))
-        einsum(
-            self.form.subscripts,
-            a,
-            b,
-            out=c,
-            threads=self.threads,
-            accumulate=self.form.accumulate,
-            relu=self.form.relu,
-        )
+        einsum(self.form.subscripts, a, b, out=c, **self._options())
         for (o0, o1, oo), rest in self.rests:
             rest.run_addresses(in0 + o0 * size, in1 + o1 * size, out + oo * size)
 
     def explain(self, name: str | None = None) -> str:
-        from teir.frontend.einsum import einsum_plan
-
         extents = self._own_extents
         buffers = tuple(np.zeros(max(e, 1), self._dtype) for e in extents)  # never touched
         a, b, c = self.form.views(buffers)  # type: ignore[arg-type]
-        plan = einsum_plan(
-            self.form.subscripts,
-            a,
-            b,
-            out=c,
-            threads=self.threads,
-            accumulate=self.form.accumulate,
-            relu=self.form.relu,
-        )
+        plan = einsum_plan(self.form.subscripts, a, b, out=c, **self._options())
         lines = [
             explain_config(self.config.own, name),
             "",
@@ -188,14 +168,11 @@ class ViewedOperation(Operation):
             f"would run the generic scalar primitive ({self.reason}):",
             plan.explain(),
         ]
-        for index, ((o0, o1, oo), rest) in enumerate(self.rests):
-            lines += [
-                "",
-                f"# partial tiles: rest {index}, run after the parts before it on in0 + {o0}, "
-                f"in1 + {o1}, out + {oo} (elements):",
-                rest.explain(f"rest {index}"),
-            ]
-        return "\n".join(lines)
+        return "\n".join(lines + self._rests_explained())
+
+    def _options(self) -> dict[str, Any]:
+        form = self.form
+        return {"threads": self.threads, "accumulate": form.accumulate, "relu": form.relu}
 
     def __repr__(self) -> str:
         return (
@@ -237,11 +214,7 @@ def compile(
     >>> bool(np.allclose(c, np.einsum("mkc,knc->mnc", a, b), rtol=1e-4))
     True
     """
-    if not isinstance(config, Config):
-        raise TeirError(f"expected a teir.Config, got {type(config).__name__}")
-    count = default_threads() if threads is None else threads
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise TeirError(f"threads must be a positive integer, got {threads!r}")
+    count = checked_arguments(config, threads)
     key = (config, count, resident_output)
     found = _viewed.get(key)
     if found is not None:

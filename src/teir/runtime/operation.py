@@ -247,6 +247,11 @@ class Operation:
             lines.append(f"#   threads: 1 (the calling thread; {why})")
         lines += [f"#   note: {note}" for note in self.nest.notes]
         lines.append(f"#   code: {self.origin}")
+        return "\n".join(lines + self._rests_explained())
+
+    def _rests_explained(self) -> list[str]:
+        """The partial-tile rests' explanations, each under a heading."""
+        lines = []
         for index, ((o0, o1, oo), rest) in enumerate(self.rests):
             lines += [
                 "",
@@ -254,7 +259,7 @@ class Operation:
                 f"in1 + {o1}, out + {oo} (elements):",
                 rest.explain(f"rest {index}"),
             ]
-        return "\n".join(lines)
+        return lines
 
     def _describe(self, op: TileOp, role: str) -> str:
         text = op.describe()
@@ -328,18 +333,10 @@ _operations_lock = threading.Lock()
 def compile(
     config: Config, threads: int | None = None, *, resident_output: bool = False
 ) -> Operation:
-    """Compile ``config`` into an :class:`Operation` (cached by configuration and threads).
-
-    ``threads`` defaults to ``TEIR_NUM_THREADS`` or the cores this process may use.
-    ``resident_output=True`` says the output will be memory that is reused call after call
-    (not allocated anew for each call): a large one is then stored around the caches.
-    """
-    if not isinstance(config, Config):
-        raise TeirError(f"expected a teir.Config, got {type(config).__name__}")
-    if threads is None:
-        threads = default_threads()
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise TeirError(f"threads must be a positive integer, got {threads!r}")
+    """``config`` as one compiled loop nest, cached by its arguments: ``teir.compile``
+    (:func:`teir.frontend.config_views.compile`, whose docstring says what the arguments
+    mean) but for the contractions it runs as einsums."""
+    threads = checked_arguments(config, threads)
     key = (config, threads, resident_output)
     found = _operations.get(key)
     if found is not None:
@@ -357,6 +354,17 @@ def compile(
             config, threads, lower(config.own, resident_output), Target.host(), rests
         ),
     )
+
+
+def checked_arguments(config: Any, threads: Any) -> int:
+    """The thread count ``compile`` runs ``config`` with (``threads``, or the default where
+    None), once both are what it takes."""
+    if not isinstance(config, Config):
+        raise TeirError(f"expected a teir.Config, got {type(config).__name__}")
+    count = default_threads() if threads is None else threads
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise TeirError(f"threads must be a positive integer, got {threads!r}")
+    return count
 
 
 def built_once(
