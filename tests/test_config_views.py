@@ -92,7 +92,9 @@ def test_layouts_without_a_kernel_run_as_an_einsum(orders, dtype):
     "first, last", [("Zero", "None"), ("None", "None"), ("Zero", "ReLU"), ("None", "ReLU")]
 )
 def test_first_and_last_primitives_carry_over(first, last):
-    fields = _fields({"c": 8, "m": 32, "n": 32, "k": 32}, ("mkc", "nkc", "mnc"), "FP64", first, last)
+    fields = _fields(
+        {"c": 8, "m": 32, "n": 32, "k": 32}, ("mkc", "nkc", "mnc"), "FP64", first, last
+    )
     config = teir.Config(**dict(fields, exec_types=["seq", "prim", "prim", "prim"]))
     form = einsum_form(config)
     assert form is not None
@@ -171,7 +173,7 @@ def test_cli_run_check_and_explain(tmp_path, capsys):
 def _unfitting(draw) -> tuple[dict, int]:
     """A contraction config (C/M/N/K and maybe more axes) with some tensor's unit stride on a
     C axis, padded strides now and then, random first/last primitives."""
-    types = ["C", "M", "N", "K"] + draw(st.lists(st.sampled_from("CMNK"), max_size=2))
+    types = ["C", "M", "N", "K", *draw(st.lists(st.sampled_from("CMNK"), max_size=2))]
     types = draw(st.permutations(types))
     sizes = [draw(st.sampled_from([1, 3, 5, 8, 13, 16, 24, 32, 48])) for _ in types]
     batch = draw(st.sampled_from([i for i, t in enumerate(types) if t == "C"]))

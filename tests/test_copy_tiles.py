@@ -1,5 +1,6 @@
 """Copies whose tiles no Copy kernel fits run the generic primitive with the output's strides
-decreasing inward; a copy that is one long run is cut into blocks the threads share."""
+decreasing inward; a copy that is one long run is cut into blocks the threads share; an
+einsum that copies all three tensors keeps them in their own orders where it can."""
 
 from __future__ import annotations
 
@@ -103,3 +104,21 @@ def test_generated_strided_permutations(threads, shape, step_in, step_out, data)
     out = base[..., ::step_out]
     teir.einsum(f"{labels}->{order}", source, out=out, threads=threads)
     np.testing.assert_array_equal(out, np.einsum(f"{labels}->{order}", source))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_all_three_copied_keep_their_order_where_they_can(dtype):
+    # every tensor a stride-2 view: no kernel fits any of them, so all three are copied, in
+    # the orders they lie in (the transposed product's) rather than transposed
+    rng = np.random.default_rng(5)
+    a = rng.uniform(-1, 1, (48, 80)).astype(dtype)[:, ::2]  # ik
+    b = rng.uniform(-1, 1, (40, 64)).astype(dtype)[:, ::2]  # kj
+    base = np.zeros((48, 64), dtype)
+    out = base[:, ::2]
+    text = teir.einsum_plan("ik,kj->ij", a, b, out=out, threads=2).explain()
+    assert "in0 is copied into the order ik" in text
+    assert "in1 is copied into the order kj" in text
+    assert "the result is computed in the order ij" in text
+    teir.einsum("ik,kj->ij", a, b, out=out, threads=2)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5)
+    assert not base[:, 1::2].any()

@@ -286,7 +286,29 @@ def choose(
                 and (accept is None or accept(orders, product))
             ):
                 return orders, product
+    # All three copied: in the orders that keep more of them as they lie, since a copy that
+    # keeps a tensor's order moves runs where one that reorders it moves single elements
+    # (FP32 ik,kj->ij 1024^3 on stride-2 views: all three transposed 10.5 ms, kept 6.2 ms).
+    if _reordered_bytes(plan, inputs, mirrored) < _reordered_bytes(plan, inputs, full):
+        product = contraction(mirrored)
+        if product is not None and fits(product) and (accept is None or accept(mirrored, product)):
+            return mirrored, product
     return full, everything
+
+
+def _reordered_bytes(plan: Plan, inputs: list[Operand], orders: Orders) -> int:
+    """Elements of the tensors whose copies in ``orders`` lay their labels out in another
+    order than the tensor's own (input or result, as it lies in memory)."""
+    sizes = label_sizes(inputs, plan.subscripts.output)
+    lying = [labels_in_memory(o.labels, o.strides, sizes) for o in inputs]
+    lying.append(tuple(plan.out_memory))
+    total = 0
+    for order, lies in zip(orders, lying):
+        if order is not None:
+            moving = [x for x in order if sizes[x] > 1]
+            if moving != [x for x in lies if sizes[x] > 1]:
+                total += prod(sizes[x] for x in order)
+    return total
 
 
 # Copies larger than this are made and consumed a chunk at a time: a chunk's copies are read
