@@ -85,6 +85,8 @@ def einsum_form(config: Config) -> EinsumForm | None:
     summed = {label[d] for d in dims if config.dim_types[d] is DimType.K}
     if summed & set(terms[2]) or not set(terms[2]) <= set(terms[0] + terms[1]):
         return None  # a K axis along the output, or an output axis no input has
+    if not summed <= set(terms[0] + terms[1]):
+        return None  # a K axis neither input moves along: it multiplies, einsum drops it
     if any(config.dim_types[d] is not DimType.K and label[d] not in terms[2] for d in dims):
         return None  # a C/M/N axis of output stride 0: its elements sum into one
     return EinsumForm(
