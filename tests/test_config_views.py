@@ -168,6 +168,32 @@ def test_a_k_axis_no_input_moves_along_stays_on_the_nest():
     _check(config, op)
 
 
+@pytest.mark.parametrize("first, last", [("None", "None"), ("Zero", "ReLU")])
+def test_an_output_that_aliases_itself_stays_on_the_nest(first, last):
+    # the C and M axes both of output stride 1: elements updated in sequence (the reference
+    # executor's semantics), which an einsum's overwrite would not reproduce
+    config = teir.Config(
+        data_type="FP64",
+        prim_first=first,
+        prim_main="GEMM",
+        prim_last=last,
+        dim_types=["C", "M", "N", "K"],
+        exec_types=["seq", "prim", "prim", "prim"],
+        dim_sizes=[8, 64, 64, 64],
+        strides_in0=[1, 8, 0, 512],
+        strides_in1=[1, 0, 8, 512],
+        strides_out=[1, 1, 64, 0],
+    )
+    assert einsum_form(config) is None
+    op = teir.compile(config, threads=2)
+    assert not isinstance(op, ViewedOperation)
+    in0, in1, out = operands(config)
+    expected = out.copy()
+    reference.execute(config, in0, in1, expected)
+    op(in0, in1, out)
+    np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-12)
+
+
 def test_bad_arguments_are_refused_before_any_memory_is_touched():
     config = teir.optimize(_fields({"c": 16, "m": 40, "n": 24, "k": 48}, ("mkc", "nkc", "mnc")))
     op = teir.compile(config, threads=2)

@@ -25,6 +25,7 @@ from teir.codegen.target import Target
 from teir.explain import explain as explain_config
 from teir.frontend.einsum import einsum, einsum_plan
 from teir.ir import Config, DimType, PrimFirst, PrimLast, Tensor
+from teir.ir.layout import is_injective
 from teir.lower.nest import LoopNest, lower
 from teir.runtime.operation import Operation, checked_arguments
 from teir.runtime.operation import compile as compile_nest
@@ -62,7 +63,7 @@ class EinsumForm:
 def einsum_form(config: Config) -> EinsumForm | None:
     """``config`` (its own region, without rests) as an einsum, or None where it is no
     binary contraction with Zero/None first and ReLU/None last whose output elements each
-    belong to one C/M/N index (what an einsum can say)."""
+    belong to one C/M/N index and whose K axes each move an input (what an einsum can say)."""
     if not config.prim_main.is_contraction or config.prim_first not in (
         PrimFirst.NONE,
         PrimFirst.ZERO,
@@ -89,6 +90,8 @@ def einsum_form(config: Config) -> EinsumForm | None:
         return None  # a K axis neither input moves along: it multiplies, einsum drops it
     if any(config.dim_types[d] is not DimType.K and label[d] not in terms[2] for d in dims):
         return None  # a C/M/N axis of output stride 0: its elements sum into one
+    if not is_injective(list(shapes[2]), list(strides[2])):
+        return None  # output elements aliasing: updated in sequence, which einsum does not do
     return EinsumForm(
         f"{terms[0]},{terms[1]}->{terms[2]}",
         (shapes[0], shapes[1], shapes[2]),
