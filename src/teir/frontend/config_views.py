@@ -188,7 +188,8 @@ class ViewedOperation(Operation):
         )
 
 
-_viewed: dict[tuple[Config, int, bool], Operation] = {}
+# what compile returned, either kind: deciding again would lower the nest (0.2 ms) per call
+_compiled: dict[tuple[Config, int, bool], Operation] = {}
 
 
 def compile(
@@ -221,7 +222,7 @@ def compile(
     """
     count = checked_arguments(config, threads)
     key = (config, count, resident_output)
-    found = _viewed.get(key)
+    found = _compiled.get(key)
     if found is not None:
         return found
     own = config.own
@@ -229,10 +230,11 @@ def compile(
     nest = lower(own, resident_output) if form is not None else None
     reason = generic_reason(nest) if nest is not None else None
     if form is None or nest is None or reason is None:
-        return compile_nest(config, count, resident_output=resident_output)
-    rests = tuple(
-        (rest.offsets, compile(rest.config, count, resident_output=resident_output))
-        for rest in config.rests
-    )
-    built = ViewedOperation(config, count, nest, form, reason, rests)
-    return _viewed.setdefault(key, built)
+        built = compile_nest(config, count, resident_output=resident_output)
+    else:
+        rests = tuple(
+            (rest.offsets, compile(rest.config, count, resident_output=resident_output))
+            for rest in config.rests
+        )
+        built = ViewedOperation(config, count, nest, form, reason, rests)
+    return _compiled.setdefault(key, built)
