@@ -24,7 +24,7 @@ import numpy as np
 from teir.codegen.target import Target
 from teir.explain import explain as explain_config
 from teir.frontend.einsum import einsum, einsum_plan
-from teir.ir import Config, DimType, PrimFirst, PrimLast, Tensor
+from teir.ir import Config, DimType, PrimFirst, PrimLast
 from teir.ir.layout import is_injective
 from teir.lower.nest import LoopNest, lower
 from teir.runtime.operation import Operation, checked_arguments
@@ -123,19 +123,10 @@ class ViewedOperation(Operation):
         rests: tuple[tuple[tuple[int, int, int], Operation], ...],
     ) -> None:
         # no native nest: the Operation's argument checks and rests, an einsum for the rest
-        self.config = config
-        self.rests = rests
-        self.threads = threads
-        self.nest = nest
-        self.target = Target.host()
-        self.flops = config.flops
-        self._dtype = config.dtype
-        self._extents = config.extents
-        self._uses = tuple(config.uses(t) for t in Tensor)
+        self._describe_operands(config, threads, nest, Target.host(), rests)
         self.origin = "teir.einsum"
         self.form = form
         self.reason = reason
-        self.estimated_seconds = self._estimate()
         self.slices = [(0, 1)]  # the einsum splits its own work between the threads
         self.stack_bytes = 0
         self._checked = None

@@ -289,17 +289,16 @@ def choose(
     # All three copied: in the orders that keep more of them as they lie, since a copy that
     # keeps a tensor's order moves runs where one that reorders it moves single elements
     # (FP32 ik,kj->ij 1024^3 on stride-2 views: all three transposed 10.5 ms, kept 6.2 ms).
-    if _reordered_bytes(plan, inputs, mirrored) < _reordered_bytes(plan, inputs, full):
+    if _reordered(plan, inputs, sizes, mirrored) < _reordered(plan, inputs, sizes, full):
         product = contraction(mirrored)
         if product is not None and fits(product) and (accept is None or accept(mirrored, product)):
             return mirrored, product
     return full, everything
 
 
-def _reordered_bytes(plan: Plan, inputs: list[Operand], orders: Orders) -> int:
+def _reordered(plan: Plan, inputs: list[Operand], sizes: dict[str, int], orders: Orders) -> int:
     """Elements of the tensors whose copies in ``orders`` lay their labels out in another
     order than the tensor's own (input or result, as it lies in memory)."""
-    sizes = label_sizes(inputs, plan.subscripts.output)
     lying = [labels_in_memory(o.labels, o.strides, sizes) for o in inputs]
     lying.append(tuple(plan.out_memory))
     total = 0

@@ -74,17 +74,7 @@ class Operation:
         target: Target,
         rests: tuple[tuple[tuple[int, int, int], Operation], ...] = (),
     ) -> None:
-        self.config = config
-        # the partial tiles' rest regions (``Config.rests``), each compiled on its own and run
-        # after this nest on the tensors advanced by its element offsets
-        self.rests = rests
-        self.threads = threads
-        self.nest = nest
-        self.target = target
-        self.flops = config.flops
-        self._dtype = config.dtype
-        self._extents = config.extents
-        self._uses = tuple(config.uses(t) for t in Tensor)
+        self._describe_operands(config, threads, nest, target, rests)
         loaded = CODE_CACHE.get("nest\n" + nest.key, target, [""], self._generate)
         self.origin = loaded.origin
         self._function = loaded.symbols[""]
@@ -94,7 +84,6 @@ class Operation:
         if nest.access is Access.TRACKED:
             self._flags = access_flags(nest)
             self._flag_addresses = (self._flags[0].ctypes.data, self._flags[1].ctypes.data)
-        self.estimated_seconds = self._estimate()
         self.slices = self._slices()
         self._parallel_size = nest.parallel_size
         self._job: Job | None = None
@@ -109,6 +98,29 @@ class Operation:
         # the checks (``_checked_for``); tried once
         self._checked: Any = None
         self._checked_tried = bool(rests)  # the checked call runs one nest, not the rests
+
+    def _describe_operands(
+        self,
+        config: Config,
+        threads: int,
+        nest: LoopNest,
+        target: Target,
+        rests: tuple[tuple[tuple[int, int, int], Operation], ...],
+    ) -> None:
+        """What every operation keeps of its configuration: its tensors' dtype, extents and
+        use (the argument checks), work, and rests."""
+        self.config = config
+        # the partial tiles' rest regions (``Config.rests``), each compiled on its own and run
+        # after this nest on the tensors advanced by its element offsets
+        self.rests = rests
+        self.threads = threads
+        self.nest = nest
+        self.target = target
+        self.flops = config.flops
+        self._dtype = config.dtype
+        self._extents = config.extents
+        self._uses = tuple(config.uses(t) for t in Tensor)
+        self.estimated_seconds = self._estimate()
 
     def _generate(self, prefix: str) -> str:
         module = Module()
