@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from teir.buffers import check_memory, new_result
-from teir.frontend import copy_fallback, element_layout
+from teir.frontend import batch_diagonal, copy_fallback, element_layout
+from teir.frontend.batch_diagonal import DiagonalCall
 from teir.frontend.direct_call import DirectCall, direct_call
 from teir.frontend.einsum_parse import EinsumError, from_sublists, parse
 from teir.frontend.einsum_plan import (
@@ -230,6 +231,14 @@ def _plan(
         op.array is a and not labels
         for op, a, labels in zip(inputs, arrays, plan.reductions or [[]] * len(arrays))
     )
+    diagonal = batch_diagonal.choose(plan, inputs) if fallback else None
+    if diagonal is not None:  # a short batch on the result's unit stride, rewritten
+        views = batch_diagonal.operands(diagonal, parsed.inputs, arrays)
+        options = {"split": split, "fresh": fresh, "order": order, "relayout": relayout}
+        product = _plan(diagonal.subscripts, views, out, accumulate, relu, threads, **options)
+        plan.diagonal, plan.diagonal_product = diagonal, product[0]
+        _cache(key, (plan, direct, None))
+        return plan, direct
     relaying = plan.canonical is not None and relayout and relayout_pays(plan, inputs)
 
     def contraction(
@@ -397,7 +406,10 @@ def _partner_copy(
 
 
 def _keep_replay(
-    key: tuple[Any, ...], plan: Plan, direct: tuple[bool, ...], replay: FallbackCall | SplitCall
+    key: tuple[Any, ...],
+    plan: Plan,
+    direct: tuple[bool, ...],
+    replay: FallbackCall | SplitCall | DiagonalCall,
 ) -> None:
     """Cache ``replay`` as the per-call path of ``plan``'s entry (unless the entry changed)."""
     with _lock:
@@ -688,6 +700,22 @@ def _one_or_two(
     dtype = plan.dtype
     if out_array is not None:
         out_array = _check_out(out_array, plan.out_shape, dtype)
+    if plan.diagonal is not None:
+        diagonal = plan.diagonal
+
+        def rewritten(views: list[np.ndarray], target: np.ndarray | None) -> Any:
+            args = (accumulate, relu, threads, split, fresh, order)
+            found = _plans.get(_key(diagonal.subscripts, views, target, *args))
+            if found is not None and found[2] is not None:  # its own per-call path
+                result = found[2](views, target)
+                if result is not None:
+                    return result
+            return _one_or_two(diagonal.subscripts, views, target, threads, *args[:2], *args[3:])
+
+        call = DiagonalCall(diagonal, plan.subscripts.inputs, rewritten)
+        key = _key(subscripts, arrays, out_array, *options, fresh, order, fallback, relayout)
+        _keep_replay(key, plan, direct, call)
+        return call(tuple(arrays), out_array)
     result = (
         out_array if out_array is not None else new_result(plan.out_shape, dtype, plan.memory_order)
     )

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from math import prod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -44,6 +44,9 @@ from teir.runtime.lane_operation import LaneOperation, compile_lanes
 from teir.runtime.operation import Operation
 from teir.runtime.operation import compile as compile_config
 from teir.runtime.pool import default_threads
+
+if TYPE_CHECKING:  # batch_diagonal builds on this module
+    from teir.frontend.batch_diagonal import Diagonal
 
 
 @dataclass
@@ -206,6 +209,11 @@ class Plan:
     # whether its result is memory reused call after call: what the regions were made from.
     fields: dict[str, Any] | None = None
     resident_output: bool = False
+    # Set when a batch label shorter than a vector on the result's unit stride is rewritten
+    # as a summed label and a free one (:mod:`teir.frontend.batch_diagonal`): the rewrite,
+    # and the plan of the rewritten contraction, which runs instead of this one.
+    diagonal: Diagonal | None = None
+    diagonal_product: Plan | None = None
 
     def run(self, in0: int, in1: int, out: int) -> None:
         """Run every region on raw addresses (``in1`` 0 for a unary plan)."""
@@ -237,6 +245,8 @@ class Plan:
                 lines.append(f"# operand {index}: {''.join(labels)} summed out with NumPy first")
         if self.empty:
             lines.append("# a dimension of size 0: the result is zeros")
+        if self.diagonal is not None and self.diagonal_product is not None:
+            return "\n".join([*lines, self.diagonal.explain(), self.diagonal_product.explain()])
         if self.canonical is not None:
             names = ("in0", "in1", "the result")
             moves = [

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from teir.buffers import aligned_empty
+from teir.frontend import batch_diagonal
 from teir.frontend.einsum_plan import (
     Plan,
     kernel_shortfall,
@@ -155,7 +156,7 @@ class CompiledTree:
             # temporary instead.
             return Step(node, inputs, output, None, reason="a Copy would overwrite out=")
         arrays = [self._view(c, s) for c, s in zip(node.children, inputs)]
-        plan, _ = make_plan(
+        plan, prepared = make_plan(
             subscripts(node),
             arrays,
             self._view(node, output),
@@ -168,6 +169,15 @@ class CompiledTree:
         if plan.canonical is not None or plan.empty or any(plan.reductions):
             # not expected after legalize; teir.einsum handles it correctly
             return Step(node, inputs, output, None, reason="it has a size 0 or needs copies")
+        if batch_diagonal.choose(plan, prepared) is not None:
+            return Step(
+                node,
+                inputs,
+                output,
+                None,
+                reason="its short batch is the result's unit stride: teir.einsum expands "
+                "an operand along a diagonal",
+            )
         chain = chain_length(plan)
         if chain_too_long(chain, self.dtype.itemsize):
             # teir.einsum cuts the sum into parts (semantics decision 8), through its scratch
