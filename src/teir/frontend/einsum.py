@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 
 from teir.buffers import check_memory, new_result
-from teir.frontend import batch_diagonal, copy_fallback, element_layout
+from teir.frontend import batch_diagonal, batch_fold, copy_fallback, element_layout
 from teir.frontend.batch_diagonal import DiagonalCall
+from teir.frontend.batch_fold import FoldCall
 from teir.frontend.direct_call import DirectCall, direct_call
 from teir.frontend.einsum_parse import EinsumError, from_sublists, parse
 from teir.frontend.einsum_plan import (
@@ -239,6 +240,16 @@ def _plan(
         plan.diagonal, plan.diagonal_product = diagonal, product[0]
         _cache(key, (plan, direct, None))
         return plan, direct
+    fold = batch_fold.choose(plan, inputs) if fallback else None
+    if fold is not None:  # a short batch next to a summed label in both inputs, folded
+        views = batch_fold.operands(fold, inputs)
+        options = {"split": split, "fresh": True}
+        plan.fold = fold
+        plan.diagonal_product = _plan(
+            fold.subscripts, views, None, False, False, threads, **options
+        )[0]
+        _cache(key, (plan, direct, None))
+        return plan, direct
     relaying = plan.canonical is not None and relayout and relayout_pays(plan, inputs)
 
     def contraction(
@@ -409,7 +420,7 @@ def _keep_replay(
     key: tuple[Any, ...],
     plan: Plan,
     direct: tuple[bool, ...],
-    replay: FallbackCall | SplitCall | DiagonalCall,
+    replay: FallbackCall | SplitCall | DiagonalCall | FoldCall,
 ) -> None:
     """Cache ``replay`` as the per-call path of ``plan``'s entry (unless the entry changed)."""
     with _lock:
@@ -700,19 +711,8 @@ def _one_or_two(
     dtype = plan.dtype
     if out_array is not None:
         out_array = _check_out(out_array, plan.out_shape, dtype)
-    if plan.diagonal is not None:
-        diagonal = plan.diagonal
-
-        def rewritten(views: list[np.ndarray], target: np.ndarray | None) -> Any:
-            args = (accumulate, relu, threads, split, fresh, order)
-            found = _plans.get(_key(diagonal.subscripts, views, target, *args))
-            if found is not None and found[2] is not None:  # its own per-call path
-                result = found[2](views, target)
-                if result is not None:
-                    return result
-            return _one_or_two(diagonal.subscripts, views, target, threads, *args[:2], *args[3:])
-
-        call = DiagonalCall(diagonal, plan.subscripts.inputs, rewritten)
+    if plan.diagonal is not None or plan.fold is not None:
+        call = _rewritten_call(plan, threads, accumulate, relu, split, fresh, order)
         key = _key(subscripts, arrays, out_array, *options, fresh, order, fallback, relayout)
         _keep_replay(key, plan, direct, call)
         return call(tuple(arrays), out_array)
@@ -790,6 +790,60 @@ def _one_or_two(
     if relu:
         np.maximum(result, 0, out=result)
     return _returned(result, out)
+
+
+def _cached(
+    subscripts: str,
+    arrays: list[np.ndarray],
+    target: np.ndarray | None,
+    threads: int,
+    accumulate: bool,
+    relu: bool,
+    split: bool,
+    fresh: bool,
+    order: str | tuple[int, ...],
+) -> Any:
+    """:func:`_one_or_two`, through the per-call path its plan has cached if any."""
+    options = (accumulate, relu, threads, split, fresh, order)
+    found = _plans.get(_key(subscripts, arrays, target, *options))
+    if found is not None and found[2] is not None:
+        result = found[2](arrays, target)
+        if result is not None:
+            return result
+    return _one_or_two(subscripts, arrays, target, threads, accumulate, relu, split, fresh, order)
+
+
+def _rewritten_call(
+    plan: Plan,
+    threads: int,
+    accumulate: bool,
+    relu: bool,
+    split: bool,
+    fresh: bool,
+    order: str | tuple[int, ...],
+) -> DiagonalCall | FoldCall:
+    """The per-call path of a plan rewritten by batch_diagonal or folded by batch_fold."""
+    options = (threads, accumulate, relu, split, fresh, order)
+    if plan.diagonal is not None:
+        diagonal = plan.diagonal
+
+        def expanded(views: list[np.ndarray], target: np.ndarray | None) -> Any:
+            return _cached(diagonal.subscripts, views, target, *options)
+
+        return DiagonalCall(diagonal, plan.subscripts.inputs, expanded)
+    fold = plan.fold
+    assert fold is not None
+    labels = plan.subscripts.inputs
+    axis = plan.subscripts.output.index(fold.label)
+
+    def folded(arrays: tuple[np.ndarray, ...], target: np.ndarray | None) -> Any:
+        inputs = [operand(a, labels[i], i) for i, a in enumerate(arrays)]
+        views = batch_fold.operands(fold, inputs)
+        partial = _cached(fold.subscripts, views, None, threads, False, False, split, True, "K")
+        grouped = batch_fold.grouped(fold, partial, axis)
+        return _cached(fold.reduce, [grouped], target, *options)
+
+    return FoldCall(folded)
 
 
 def _through_canonical(

@@ -45,8 +45,9 @@ from teir.runtime.operation import Operation
 from teir.runtime.operation import compile as compile_config
 from teir.runtime.pool import default_threads
 
-if TYPE_CHECKING:  # batch_diagonal builds on this module
+if TYPE_CHECKING:  # batch_diagonal and batch_fold build on this module
     from teir.frontend.batch_diagonal import Diagonal
+    from teir.frontend.batch_fold import Fold
 
 
 @dataclass
@@ -214,6 +215,9 @@ class Plan:
     # and the plan of the rewritten contraction, which runs instead of this one.
     diagonal: Diagonal | None = None
     diagonal_product: Plan | None = None
+    # Set when such a batch is folded with a summed label that steps over it in both inputs
+    # (:mod:`teir.frontend.batch_fold`); diagonal_product is then the folded contraction's plan.
+    fold: Fold | None = None
 
     def run(self, in0: int, in1: int, out: int) -> None:
         """Run every region on raw addresses (``in1`` 0 for a unary plan)."""
@@ -245,8 +249,9 @@ class Plan:
                 lines.append(f"# operand {index}: {''.join(labels)} summed out with NumPy first")
         if self.empty:
             lines.append("# a dimension of size 0: the result is zeros")
-        if self.diagonal is not None and self.diagonal_product is not None:
-            return "\n".join([*lines, self.diagonal.explain(), self.diagonal_product.explain()])
+        rewrite = self.diagonal or self.fold
+        if rewrite is not None and self.diagonal_product is not None:
+            return "\n".join([*lines, rewrite.explain(), self.diagonal_product.explain()])
         if self.canonical is not None:
             names = ("in0", "in1", "the result")
             moves = [

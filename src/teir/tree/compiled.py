@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from teir.buffers import aligned_empty
-from teir.frontend import batch_diagonal
+from teir.frontend import batch_diagonal, batch_fold
 from teir.frontend.einsum_plan import (
     Plan,
     kernel_shortfall,
@@ -177,6 +177,15 @@ class CompiledTree:
                 None,
                 reason="its short batch is the result's unit stride: teir.einsum expands "
                 "an operand along a diagonal",
+            )
+        if batch_fold.choose(plan, prepared) is not None:
+            return Step(
+                node,
+                inputs,
+                output,
+                None,
+                reason="its short batch is the result's unit stride: teir.einsum folds it "
+                "with the summed label over it",
             )
         chain = chain_length(plan)
         if chain_too_long(chain, self.dtype.itemsize):
