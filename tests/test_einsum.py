@@ -1283,9 +1283,9 @@ def test_fallback_result_is_resident_only_when_it_is_the_callers_out(monkeypatch
         ("ij,ji->", [(128, 60_000), (60_000, 128)]),
         # a kernel summing all of K in one call
         ("ik,kj->ij", [(4, 1_000_000), (1_000_000, 4)]),
-        # a one-element kernel in a K loop of a million: cut into parts (a prime K: a
-        # batch_fold, which a million would take, needs whole rows of it)
-        ("ij,ij->j", [(999_983, 4), (999_983, 4)]),
+        # a one-element kernel in a K loop of 200000: cut into parts (a batch of 16 fills a
+        # vector: no batch_fold, which a batch of 4 would take)
+        ("ij,ij->j", [(200_000, 16), (200_000, 16)]),
     ],
 )
 def test_long_sums_stay_accurate(subscripts, shapes, threads):

@@ -857,11 +857,11 @@ def test_tree_nodes_with_long_sums_are_cut_for_accuracy():
     einsum (LONGEST_CHAIN) runs through teir.einsum, which cuts the sum into parts: FP32
     ``ij,ij,j->j`` on 10^6 x 4 erred by 3.6e-4 as one chain (NumPy 3e-8)."""
     rng = np.random.default_rng(9)
-    a, b = (  # a prime count of rows: no batch_fold, which a million would take
-        rng.random((999_983, 4), dtype=np.float32),
-        rng.random((999_983, 4), dtype=np.float32),
+    a, b = (  # a batch of 16 fills a vector: no batch_fold, which a batch of 4 would take
+        rng.random((200_000, 16), dtype=np.float32),
+        rng.random((200_000, 16), dtype=np.float32),
     )
-    c = rng.random(4, dtype=np.float32)
+    c = rng.random(16, dtype=np.float32)
     exact = np.einsum("ij,ij,j->j", a.astype(np.float64), b, c)
     result = teir.einsum("ij,ij,j->j", a, b, c, threads=2)
     assert np.max(np.abs(result - exact) / exact) < 1e-5

@@ -13,16 +13,17 @@ of the loops the plan runs (the folded contraction is planned as any einsum), an
 result's ``m`` partial sums are added by a second, small einsum that also applies the
 call's ``out``, accumulation and ReLU.
 
-``m`` is a divisor of the summed label's size (the largest that keeps the folded batch
-within ``MOST_LANES`` vectors; it must fill one), so that the folded rows are whole rows of
-the summed label: a size with no such divisor (a prime) keeps its plan.
+``m`` divides the summed label's size where a divisor keeps the folded batch within
+``MOST_LANES`` vectors (it must fill one); a size with none (a prime) is folded as far as
+whole rows of the longest fold go, and its last indices are contracted as the operands
+lie and added with the call's ReLU (see ``_groups``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from math import prod
+from math import gcd, prod
 from typing import Any
 
 import numpy as np
@@ -49,8 +50,8 @@ class Fold:
     """The fold of a binary einsum: the batch label (``size`` elements, unit stride in both
     inputs) and the summed label stepping over it (``summed``, stride ``size``) become a
     summed label of ``rows`` and a batch of ``width`` = ``size`` x ``groups``;
-    ``subscripts`` is the folded contraction and ``reduce`` the sum of the groups, in
-    letters."""
+    ``subscripts`` is the folded contraction (and the rest's, on its own views) and
+    ``reduce`` the sum of the groups, in letters."""
 
     label: str
     summed: str
@@ -59,6 +60,7 @@ class Fold:
     rows: int
     subscripts: str
     reduce: str
+    rest: int = 0  # the summed label's last indices, not folded: contracted as they lie
 
     @property
     def width(self) -> int:
@@ -71,21 +73,35 @@ class Fold:
             f"two are folded into {self.rows} rows of {self.width} ({self.groups} groups of "
             f"the batch), contracted as {self.subscripts} into a temporary, whose groups "
             f"{self.reduce} adds"
+            + (
+                f"; its last {self.rest} indices of {self.summed!r} are contracted as they lie "
+                "and added"
+                if self.rest
+                else ""
+            )
         )
 
 
-def _groups(summed_size: int, size: int, lanes: int) -> int:
-    """The fold: the largest divisor of the summed label's size that makes the folded batch
-    at least one vector and at most ``MOST_LANES`` long (1 where none does), or the largest
-    that makes it a whole number of vectors if that is at least half as long (FP64
-    ``ijc,ijc->c`` 1000^2 x 2: 50 elements 720 us, 40 268 us; the machine's noise is
-    large, that much is not)."""
+def _groups(summed_size: int, size: int, lanes: int) -> tuple[int, int]:
+    """(m, rest): the fold of the summed label's first ``summed_size - rest`` indices into
+    rows of ``m`` groups of the batch. A divisor of its size (no rest) where one makes the
+    folded batch at least one vector and at most ``MOST_LANES`` long: the largest, or the
+    largest that makes it a whole number of vectors if that is at least half as long (FP64
+    ``ijc,ijc->c`` 1000^2 x 2: 50 elements 720 us, 40 268 us). Else the longest whole number
+    of vectors, the rest (fewer indices than ``m``) contracted as the operands lie; (1, 0)
+    where the label has fewer than two such rows."""
     within = [m for m in range(2, summed_size + 1) if summed_size % m == 0]
     within = [m for m in within if lanes <= size * m <= MOST_LANES * lanes]
-    if not within:
-        return 1
     whole = [m for m in within if size * m % lanes == 0]  # no vector partly filled
-    return whole[-1] if whole and 2 * whole[-1] >= within[-1] else within[-1]
+    if whole and 2 * whole[-1] >= (within or whole)[-1]:
+        return whole[-1], 0
+    step = lanes // gcd(size, lanes)  # groups per whole number of vectors
+    longest = MOST_LANES * lanes // (size * step) * step
+    if within and 2 * within[-1] >= longest:
+        return within[-1], 0
+    if summed_size < 2 * longest:
+        return 1, 0
+    return longest, summed_size % longest
 
 
 def choose(plan: Plan, inputs: list[Operand]) -> Fold | None:
@@ -122,7 +138,7 @@ def choose(plan: Plan, inputs: list[Operand]) -> Fold | None:
     ]
     if not summed:
         return None
-    groups = _groups(sizes[summed[0]], size, lanes)
+    groups, rest = _groups(sizes[summed[0]], size, lanes)
     if groups < 2:
         return None
     result = prod(sizes[x] for x in output)
@@ -140,14 +156,16 @@ def choose(plan: Plan, inputs: list[Operand]) -> Fold | None:
     ]  # the same letters: the summed label now has rows, the batch is the wide one
     out_term = "".join(letters[x] for x in output)
     wide = out_term.replace(letters[label], group + letters[label])
+    contraction = f"{folded[0]},{folded[1]}->{out_term}"
     return Fold(
         label,
         summed[0],
         size,
         groups,
-        sizes[summed[0]] // groups,
-        f"{folded[0]},{folded[1]}->{out_term}",
+        (sizes[summed[0]] - rest) // groups,
+        contraction,
         f"{wide}->{out_term}",
+        rest,
     )
 
 
@@ -165,6 +183,24 @@ def operands(fold: Fold, inputs: list[Operand]) -> list[np.ndarray]:
         views.append(
             np.lib.stride_tricks.as_strided(op.array, shape=shape, strides=strides, writeable=False)
         )
+    return views
+
+
+def rest_operands(fold: Fold, inputs: list[Operand]) -> list[np.ndarray]:
+    """The operands over the summed label's last ``fold.rest`` indices (one axis per label,
+    as ``fold.subscripts`` lists them): views."""
+    views = []
+    for op in inputs:
+        itemsize = op.array.itemsize
+        whole = np.lib.stride_tricks.as_strided(
+            op.array,
+            shape=[op.sizes[x] for x in op.labels],
+            strides=[op.strides[x] * itemsize for x in op.labels],
+            writeable=False,
+        )
+        at = [slice(None)] * len(op.labels)
+        at[op.labels.index(fold.summed)] = slice(op.sizes[fold.summed] - fold.rest, None)
+        views.append(whole[tuple(at)])
     return views
 
 

@@ -841,7 +841,12 @@ def _rewritten_call(
         views = batch_fold.operands(fold, inputs)
         partial = _cached(fold.subscripts, views, None, threads, False, False, split, True, "K")
         grouped = batch_fold.grouped(fold, partial, axis)
-        return _cached(fold.reduce, [grouped], target, *options)
+        if not fold.rest:
+            return _cached(fold.reduce, [grouped], target, *options)
+        # the rest of the summed label added last, with the call's ReLU
+        result = _cached(fold.reduce, [grouped], target, threads, accumulate, False, *options[3:])
+        rest = batch_fold.rest_operands(fold, inputs)
+        return _cached(fold.subscripts, rest, result, threads, True, relu, split, False, order)
 
     return FoldCall(folded)
 
