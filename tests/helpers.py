@@ -27,6 +27,12 @@ def operands(config: teir.Config, seed: int = 0) -> tuple:
     return tuple(result)
 
 
+def uniform_arrays(shapes: list[tuple[int, ...]], dtype: Any, seed: int = 0) -> list[np.ndarray]:
+    """Arrays of these shapes, uniform in [-1, 1), of ``dtype``."""
+    rng = np.random.default_rng(seed)
+    return [rng.uniform(-1, 1, shape).astype(dtype) for shape in shapes]
+
+
 def out_array(start: np.ndarray, layout: str) -> np.ndarray:
     """A copy of ``start`` laid out as ``layout``: "C", "F", "strided" (every other element
     of a larger array) or "reversed" (a negative stride)."""

@@ -10,16 +10,12 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import teir
+from helpers import uniform_arrays as _arrays
 from teir.frontend.einsum import einsum_plan
 
 
 def _tolerance(dtype: type) -> dict[str, float]:
     return {"rtol": 2e-4, "atol": 2e-4} if dtype is np.float32 else {"rtol": 1e-10, "atol": 1e-10}
-
-
-def _arrays(shapes: list[tuple[int, ...]], dtype: type, seed: int = 0) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [rng.uniform(-1, 1, shape).astype(dtype) for shape in shapes]
 
 
 CASES = [

@@ -10,12 +10,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import teir
+from helpers import uniform_arrays as _arrays
 from teir.frontend.einsum import einsum_plan
-
-
-def _arrays(shapes: list[tuple[int, ...]], dtype: type, seed: int = 0) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [rng.uniform(-1, 1, shape).astype(dtype) for shape in shapes]
 
 
 def _close(got: np.ndarray, expected: np.ndarray, dtype: type) -> None:

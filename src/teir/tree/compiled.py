@@ -169,24 +169,15 @@ class CompiledTree:
         if plan.canonical is not None or plan.empty or any(plan.reductions):
             # not expected after legalize; teir.einsum handles it correctly
             return Step(node, inputs, output, None, reason="it has a size 0 or needs copies")
-        if batch_diagonal.choose(plan, prepared) is not None:
-            return Step(
-                node,
-                inputs,
-                output,
-                None,
-                reason="its short batch is the result's unit stride: teir.einsum expands "
-                "an operand along a diagonal",
+        rewrite = batch_diagonal.choose(plan, prepared) or batch_fold.choose(plan, prepared)
+        if rewrite is not None:
+            how = (
+                "expands an operand along a diagonal"
+                if isinstance(rewrite, batch_diagonal.Diagonal)
+                else "folds it with the summed label over it"
             )
-        if batch_fold.choose(plan, prepared) is not None:
-            return Step(
-                node,
-                inputs,
-                output,
-                None,
-                reason="its short batch is the result's unit stride: teir.einsum folds it "
-                "with the summed label over it",
-            )
+            why = f"its short batch is the result's unit stride: teir.einsum {how}"
+            return Step(node, inputs, output, None, reason=why)
         chain = chain_length(plan)
         if chain_too_long(chain, self.dtype.itemsize):
             # teir.einsum cuts the sum into parts (semantics decision 8), through its scratch
