@@ -137,3 +137,23 @@ def test_a_copy_whose_contraction_runs_as_it_lies_is_preferred():
     for _ in range(2):
         result = teir.einsum("dab,cad->cb", small, large, threads=2)
         np.testing.assert_allclose(result, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_result_bound_contraction_copies_a_tiny_input_for_the_lanes():
+    """FP32 ``abe,cdfe->fadcb`` into a C-ordered out (b, of in0, its unit stride): as the
+    operands lie the dot form sums K = 2 in 2 of 16 lanes; the 1424-element in0 copied
+    gives the outer form along b (half the lanes), writing tiles of the 10 MB result as
+    single runs, though smaller ones than copying all three would give (451 -> 88 us;
+    NumPy 145)."""
+    rng = np.random.default_rng(7)
+    # abe with b outermost in memory, e innermost
+    small = np.ascontiguousarray(rng.standard_normal((8, 89, 2)).astype(np.float32)).transpose(
+        1, 0, 2
+    )
+    large = rng.standard_normal((22, 7, 24, 2)).astype(np.float32)
+    out = np.zeros((24, 89, 7, 22, 8), np.float32)
+    plan = teir.einsum_plan("abe,cdfe->fadcb", small, large, out=out, threads=2)
+    assert plan.canonical is not None and plan.canonical[1:] == (None, None), plan.explain()
+    teir.einsum("abe,cdfe->fadcb", small, large, out=out, threads=2)
+    expected = np.einsum("abe,cdfe->fadcb", small, large)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)

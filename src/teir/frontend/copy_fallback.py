@@ -256,6 +256,7 @@ def choose(
     assert plan.operation is not None
     flops = float(plan.operation.config.flops)
     all_bytes = copied_bytes(plan, inputs, full)
+    result_bytes = prod(sizes[x] for x in plan.subscripts.output) * plan.dtype.itemsize
     tried: set[Orders] = set()
     for subset in sorted(subsets, key=lambda s: sum(bytes_of[i] for i in s)):
         for chosen in (full, mirrored, *beside.get(subset, [])):
@@ -278,11 +279,19 @@ def choose(
                     continue
             elif product is None or not fits(product):
                 continue
+            # a memory-bound contraction bound by writing its result (left in place), beside
+            # copies of a quarter of its size or less, is bound by those bytes, not by how
+            # large a tile its kernel computes per call: where the kernel writes its tile of
+            # the result as one run, the lanes it fills decide (FP32 abe,cdfe->fadcb, K 2,
+            # 10 MB result: the tiny in0 copied for the outer form, tiles of 8 x 22 against
+            # 712 x 8 with all three copied: 451 -> 88 us; a tile of columns 300 KB apart,
+            # ebda,fa->fbde with in1 copied: 254 -> 2360 us)
+            shape = _shape(product)
+            copied = copied_bytes(plan, inputs, orders)
+            writing = not copy_result and 4 * copied <= result_bytes and _tile_in_one_run(product)
             if (
-                as_good(_shape(product), whole)
-                and costs_no_more(
-                    flops, _shape(product), copied_bytes(plan, inputs, orders), whole, all_bytes
-                )
+                (2 * shape.fill >= whole.fill if writing else as_good(shape, whole))
+                and costs_no_more(flops, shape, copied, whole, all_bytes)
                 and (accept is None or accept(orders, product))
             ):
                 return orders, product
@@ -294,6 +303,21 @@ def choose(
         if product is not None and fits(product) and (accept is None or accept(mirrored, product)):
             return mirrored, product
     return full, everything
+
+
+def _tile_in_one_run(plan: Plan) -> bool:
+    """Whether the kernel of ``plan`` writes its tile of the result as one run: the tile
+    spans at most twice its elements."""
+    config = plan.config
+    if config is None:
+        return False
+    tile = [
+        (config.dim_sizes[a], abs(config.strides_out[a]))
+        for a in config.prim_axes
+        if config.strides_out[a] != 0
+    ]
+    span = 1 + sum((size - 1) * stride for size, stride in tile)
+    return span <= 2 * prod(size for size, _ in tile)
 
 
 def _reordered(plan: Plan, inputs: list[Operand], sizes: dict[str, int], orders: Orders) -> int:
