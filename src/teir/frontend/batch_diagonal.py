@@ -29,11 +29,12 @@ from typing import Any
 import numpy as np
 
 from teir.codegen.target import Target
-from teir.frontend.einsum_parse import LETTERS
+from teir.frontend.einsum_parse import LETTERS, letter_map
 from teir.frontend.einsum_plan import (
     Operand,
     Plan,
     label_sizes,
+    label_view,
     one_element,
     operand,
     runs_kernels,
@@ -140,11 +141,8 @@ def choose(plan: Plan, inputs: list[Operand]) -> Diagonal | None:
     moved = size * counts[small] + counts[1 - small] + prod(sizes[x] for x in output)
     if size * flops > MOST_FLOPS_PER_ELEMENT * moved:
         return None
-    letters: dict[str, str] = {}
-    for term in (*(op.labels for op in inputs), output):
-        for x in term:
-            letters.setdefault(x, LETTERS[len(letters)])
-    if len(letters) >= len(LETTERS):
+    letters = letter_map([x for term in (*(op.labels for op in inputs), output) for x in term], 1)
+    if letters is None:
         return None
     summed = LETTERS[len(letters)]
     terms = ["".join(summed if x == label else letters[x] for x in op.labels) for op in inputs]
@@ -159,7 +157,7 @@ def operands(
     """The rewritten contraction's operands for a call's ``arrays`` (one axis per label, as
     ``diagonal.subscripts`` lists them): the expanded one made now."""
     views = [
-        array if _plain(array, labels) else _view(operand(array, labels, index))
+        array if _plain(array, labels) else label_view(operand(array, labels, index))
         for index, (array, labels) in enumerate(zip(arrays, subscripts))
     ]
     views[diagonal.expanded] = _expand(views[diagonal.expanded], diagonal.axis, diagonal.size)
@@ -172,17 +170,6 @@ def _plain(array: np.ndarray, labels: tuple[str, ...]) -> bool:
     itemsize = array.itemsize
     return len(set(labels)) == len(labels) and all(
         s >= 0 and s % itemsize == 0 for s in array.strides
-    )
-
-
-def _view(op: Operand) -> np.ndarray:
-    """``op`` as an array over its labels, one axis each."""
-    itemsize = op.array.itemsize
-    return np.lib.stride_tricks.as_strided(
-        op.array,
-        shape=[op.sizes[x] for x in op.labels],
-        strides=[op.strides[x] * itemsize for x in op.labels],
-        writeable=False,
     )
 
 

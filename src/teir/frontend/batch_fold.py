@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from teir.codegen.target import Target
-from teir.frontend.einsum_parse import LETTERS
-from teir.frontend.einsum_plan import Operand, Plan, label_sizes, one_element
+from teir.frontend.einsum_parse import LETTERS, letter_map
+from teir.frontend.einsum_plan import Operand, Plan, label_sizes, label_view, one_element
 
 # The folded batch is at most this many vectors long: its independent sums hide the FMA
 # latency, and the temporary grows with it. FP32 on 2 threads, 1, 2, 4, 8 vectors:
@@ -144,11 +144,8 @@ def choose(plan: Plan, inputs: list[Operand]) -> Fold | None:
     result = prod(sizes[x] for x in output)
     if result * groups > TEMPORARY_SHARE * sum(prod(op.sizes.values()) for op in inputs):
         return None
-    letters: dict[str, str] = {}
-    for term in (*(op.labels for op in inputs), output):
-        for x in term:
-            letters.setdefault(x, LETTERS[len(letters)])
-    if len(letters) + 1 >= len(LETTERS):
+    letters = letter_map([x for term in (*(op.labels for op in inputs), output) for x in term], 2)
+    if letters is None:
         return None
     group = LETTERS[len(letters)]
     folded = [
@@ -191,16 +188,9 @@ def rest_operands(fold: Fold, inputs: list[Operand]) -> list[np.ndarray]:
     as ``fold.subscripts`` lists them): views."""
     views = []
     for op in inputs:
-        itemsize = op.array.itemsize
-        whole = np.lib.stride_tricks.as_strided(
-            op.array,
-            shape=[op.sizes[x] for x in op.labels],
-            strides=[op.strides[x] * itemsize for x in op.labels],
-            writeable=False,
-        )
         at = [slice(None)] * len(op.labels)
         at[op.labels.index(fold.summed)] = slice(op.sizes[fold.summed] - fold.rest, None)
-        views.append(whole[tuple(at)])
+        views.append(label_view(op)[tuple(at)])
     return views
 
 

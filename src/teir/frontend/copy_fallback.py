@@ -36,6 +36,7 @@ from teir.frontend.einsum_plan import (
     Plan,
     canonical_orders,
     label_sizes,
+    label_view,
     labels_in_memory,
     placeholder,
     relaid,
@@ -69,12 +70,7 @@ def terms(orders: Orders, own: list[str]) -> tuple[list[str], dict[str, str]]:
 
 def operand_view(prepared: Operand, sizes: dict[str, int]) -> np.ndarray:
     """An operand as an array over its labels (broadcast dimensions at their full size)."""
-    view = np.lib.stride_tricks.as_strided(
-        prepared.array,
-        shape=[prepared.sizes[x] for x in prepared.labels],
-        strides=[prepared.strides[x] * prepared.array.itemsize for x in prepared.labels],
-    )
-    return np.broadcast_to(view, [sizes[x] for x in prepared.labels])
+    return np.broadcast_to(label_view(prepared), [sizes[x] for x in prepared.labels])
 
 
 def _shape(plan: Plan) -> KernelShape:

@@ -75,10 +75,10 @@ from teir.runtime.scratch import scratch
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 PLAN_CACHE_SIZE = 4096
-# Each plan with its per-call path: a direct call, a fallback's replay, or None (full path).
-_plans: dict[
-    tuple[Any, ...], tuple[Plan, tuple[bool, ...], DirectCall | FallbackCall | SplitCall | None]
-] = {}
+# Each plan with its per-call path: a direct call, a fallback's or split's replay, a
+# rewritten batch's call, or None (full path).
+PerCall = DirectCall | FallbackCall | SplitCall | DiagonalCall | FoldCall
+_plans: dict[tuple[Any, ...], tuple[Plan, tuple[bool, ...], PerCall | None]] = {}
 # The last direct call with a checked call per (subscripts, operand count, out given or not,
 # accumulate, relu, threads): tried before the full key is built; the checked call itself
 # checks everything else.
@@ -93,7 +93,7 @@ def clear_plans() -> None:
         _recent.clear()
 
 
-def _remember(recent: tuple[Any, ...], call: DirectCall | FallbackCall | SplitCall) -> None:
+def _remember(recent: tuple[Any, ...], call: PerCall) -> None:
     if isinstance(call, DirectCall) and call.checked is not None:
         with _lock:
             if len(_recent) >= PLAN_CACHE_SIZE:
@@ -233,20 +233,29 @@ def _plan(
         for op, a, labels in zip(inputs, arrays, plan.reductions or [[]] * len(arrays))
     )
     diagonal = batch_diagonal.choose(plan, inputs) if fallback else None
-    if diagonal is not None:  # a short batch on the result's unit stride, rewritten
+    if diagonal is not None:  # a short batch no kernel vectorizes as it lies, rewritten
         views = batch_diagonal.operands(diagonal, parsed.inputs, arrays)
-        options = {"split": split, "fresh": fresh, "order": order, "relayout": relayout}
-        product = _plan(diagonal.subscripts, views, out, accumulate, relu, threads, **options)
-        plan.diagonal, plan.diagonal_product = diagonal, product[0]
+        plan.diagonal = diagonal
+        plan.rewrite_product = _plan(
+            diagonal.subscripts,
+            views,
+            out,
+            accumulate,
+            relu,
+            threads,
+            split=split,
+            fresh=fresh,
+            order=order,
+            relayout=relayout,
+        )[0]
         _cache(key, (plan, direct, None))
         return plan, direct
     fold = batch_fold.choose(plan, inputs) if fallback else None
     if fold is not None:  # a short batch next to a summed label in both inputs, folded
         views = batch_fold.operands(fold, inputs)
-        options = {"split": split, "fresh": True}
         plan.fold = fold
-        plan.diagonal_product = _plan(
-            fold.subscripts, views, None, False, False, threads, **options
+        plan.rewrite_product = _plan(
+            fold.subscripts, views, None, False, False, threads, split=split, fresh=True
         )[0]
         _cache(key, (plan, direct, None))
         return plan, direct
@@ -807,13 +816,13 @@ def _cached(
     relu: bool,
     split: bool,
     fresh: bool,
-    order: str | tuple[int, ...],
+    order: str,
 ) -> Any:
     """:func:`_one_or_two`, through the per-call path its plan has cached if any."""
     options = (accumulate, relu, threads, split, fresh, order)
     found = _plans.get(_key(subscripts, arrays, target, *options))
     if found is not None and found[2] is not None:
-        result = found[2](arrays, target)
+        result = found[2](tuple(arrays), target)
         if result is not None:
             return result
     return _one_or_two(subscripts, arrays, target, threads, accumulate, relu, split, fresh, order)
@@ -826,7 +835,7 @@ def _rewritten_call(
     relu: bool,
     split: bool,
     fresh: bool,
-    order: str | tuple[int, ...],
+    order: str,
 ) -> DiagonalCall | FoldCall:
     """The per-call path of a plan rewritten by batch_diagonal or folded by batch_fold."""
     options = (threads, accumulate, relu, split, fresh, order)

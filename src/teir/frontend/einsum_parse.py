@@ -8,7 +8,7 @@ followed by the labels that appear exactly once, in ASCII order. Spaces are igno
 from __future__ import annotations
 
 import string
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from numbers import Integral
@@ -156,6 +156,19 @@ def parse(subscripts: str, ndims: list[int]) -> Subscripts:
             label for label, count in counts.items() if count == 1 and label in LETTERS
         )
     return Subscripts(tuple(inputs), tuple(output))
+
+
+def letter_map(labels: Iterable[str], spare: int = 0) -> dict[str, str] | None:
+    """A letter for every label, the first seen first ('...' dimensions have digit labels,
+    which einsum strings do not take); None where the labels and ``spare`` further letters
+    would need more letters than there are."""
+    letters: dict[str, str] = {}
+    for label in labels:
+        if label not in letters:
+            if len(letters) + spare >= len(LETTERS):
+                return None
+            letters[label] = LETTERS[len(letters)]
+    return letters
 
 
 @lru_cache(maxsize=256)

@@ -60,6 +60,18 @@ class Operand:
     strides: dict[str, int]
 
 
+def label_view(op: Operand) -> np.ndarray:
+    """``op`` as a read-only array over its labels, one axis each (a repeated label's
+    diagonal as one axis; a size-1 dimension as it is)."""
+    itemsize = op.array.itemsize
+    return np.lib.stride_tricks.as_strided(
+        op.array,
+        shape=[op.sizes[x] for x in op.labels],
+        strides=[op.strides[x] * itemsize for x in op.labels],
+        writeable=False,
+    )
+
+
 def element_strides(array: np.ndarray) -> tuple[np.ndarray, list[int]]:
     """``array`` (copied when a stride is negative or not a whole number of elements) and its
     element strides; a dimension of size 1 gets stride 0 (its stride means nothing)."""
@@ -214,9 +226,9 @@ class Plan:
     # as a summed label and a free one (:mod:`teir.frontend.batch_diagonal`): the rewrite,
     # and the plan of the rewritten contraction, which runs instead of this one.
     diagonal: Diagonal | None = None
-    diagonal_product: Plan | None = None
+    rewrite_product: Plan | None = None
     # Set when such a batch is folded with a summed label that steps over it in both inputs
-    # (:mod:`teir.frontend.batch_fold`); diagonal_product is then the folded contraction's plan.
+    # (:mod:`teir.frontend.batch_fold`); rewrite_product is then the folded contraction's plan.
     fold: Fold | None = None
 
     def run(self, in0: int, in1: int, out: int) -> None:
@@ -250,8 +262,8 @@ class Plan:
         if self.empty:
             lines.append("# a dimension of size 0: the result is zeros")
         rewrite = self.diagonal or self.fold
-        if rewrite is not None and self.diagonal_product is not None:
-            return "\n".join([*lines, rewrite.explain(), self.diagonal_product.explain()])
+        if rewrite is not None and self.rewrite_product is not None:
+            return "\n".join([*lines, rewrite.explain(), self.rewrite_product.explain()])
         if self.canonical is not None:
             names = ("in0", "in1", "the result")
             moves = [
